@@ -1,0 +1,1 @@
+"""The HTTP API of INTERFACE.md: request schemas, routes, JSON errors, server-sent events."""

@@ -1,0 +1,141 @@
+"""The ``gemmanet`` command line (see INTERFACE.md). Exit 0 on success; otherwise a one-line
+reason on stderr and a non-zero code."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from coordinator.errors import SettingsError
+from coordinator.settings import Settings
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"gemmanet: {message}", file=sys.stderr)
+    return code
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from coordinator.server import serve
+
+    return serve(Settings.from_env(), host=args.host, port=args.port)
+
+
+def _keys_create(args: argparse.Namespace) -> int:
+    from coordinator.store import Store
+
+    store = Store.open(Settings.from_env().database_url)
+    try:
+        record, key = store.create_api_key_sync(args.name)
+    finally:
+        store.close()
+    print(f"created API key {record.key_id} named {record.name!r}; it is shown only once:")
+    print(key)
+    return 0
+
+
+def _nodes_enroll(args: argparse.Namespace) -> int:
+    from coordinator.store import Store
+
+    store = Store.open(Settings.from_env().database_url)
+    try:
+        token = store.enroll_node_sync(args.node_id)
+    finally:
+        store.close()
+    print(f"enrolled node {args.node_id}; any earlier token of it is revoked. Token:")
+    print(token)
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    from tools.node_agent import run_node
+
+    return run_node(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tools.demo import run_demo
+
+    return run_demo(host=args.host, port=args.port)
+
+
+def _not_yet(what: str) -> Handler:
+    def handler(args: argparse.Namespace) -> int:
+        return _fail(f"{what} is not available in this version yet (see the README's roadmap)", 2)
+
+    return handler
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tools.node_agent import add_node_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="gemmanet", description="GemmaNet coordinator, node agent and tools"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run one coordinator instance")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(handler=_serve)
+
+    keys = sub.add_parser("keys", help="client API keys").add_subparsers(
+        dest="keys_command", required=True, metavar="ACTION"
+    )
+    create = keys.add_parser("create", help="create an API key; prints it on the last line")
+    create.add_argument("--name", required=True)
+    create.set_defaults(handler=_keys_create)
+
+    nodes = sub.add_parser("nodes", help="node identities").add_subparsers(
+        dest="nodes_command", required=True, metavar="ACTION"
+    )
+    enroll = nodes.add_parser("enroll", help="create a node token; prints it on the last line")
+    enroll.add_argument("--node-id", required=True)
+    enroll.set_defaults(handler=_nodes_enroll)
+
+    node = sub.add_parser("node", help="run a node agent that serves tasks")
+    add_node_arguments(node)
+    node.set_defaults(handler=_node)
+
+    demo = sub.add_parser(
+        "demo", help="coordinator + demo API key + one echo node, and a curl line to try"
+    )
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.set_defaults(handler=_demo)
+
+    for name, what, helptext in [
+        ("audit", "the capacity audit", "capacity audit (seed 004)"),
+        ("prove-takeover", "the monitor-takeover proof", "monitor-takeover proof (seed 004)"),
+        ("loadtest", "the load test", "load profile of seed 000 section 4.1"),
+        ("sim", "the simulator", "deterministic simulator"),
+    ]:
+        stub = sub.add_parser(name, help=helptext)
+        stub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        stub.set_defaults(handler=_not_yet(what))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.handler(args))
+    except SettingsError as exc:
+        return _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

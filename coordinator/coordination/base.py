@@ -1,0 +1,131 @@
+"""The coordination interface shared by the memory and Redis backends.
+
+Semantics every backend honours (the contract suite checks each):
+
+* Keys are plain strings relative to the backend's key prefix; values are bytes.
+* TTLs are seconds (floats allowed; Redis rounds to milliseconds). A key past its TTL reads as
+  absent everywhere. ``ttl_s=None`` means no expiry.
+* Every method is atomic with respect to every other call on the same backend.
+* Pub/sub is at-most-once: a message published while nobody is subscribed is lost; ``publish``
+  returns how many subscribers it reached, which is how a sender learns its peer is gone.
+* When the backend cannot be reached, every method raises ``CoordinationUnavailable`` (within
+  about a second, never a hang); the caller decides whether to fail closed (placement, rate
+  limits) or degrade.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+
+
+class CoordinationUnavailable(Exception):
+    """The coordination backend cannot be reached or did not answer in time (HTTP 503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateDecision:
+    """Outcome of one rate-limit check."""
+
+    allowed: bool
+    # Seconds until a request would be allowed again (0 when allowed).
+    retry_after_s: float
+    # Requests still allowed right now after this one (best effort, for headers).
+    remaining: int
+
+
+class Subscription(abc.ABC):
+    """Messages of one channel, in publish order, from the moment of subscribing."""
+
+    @abc.abstractmethod
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+
+class Coordination(abc.ABC):
+    """Shared, expiring, atomic coordination state plus a message bus."""
+
+    #: short name used in logs and /api/v1/status ("memory" or "redis")
+    kind: str = "abstract"
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None when absent or expired."""
+
+    @abc.abstractmethod
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Values of several keys in one round trip (None for absent ones), in order."""
+
+    @abc.abstractmethod
+    async def set(
+        self, key: str, value: bytes, *, ttl_s: float | None = None, only_if_absent: bool = False
+    ) -> bool:
+        """Store ``value``. With ``only_if_absent`` nothing is written when the key exists.
+        Returns whether the value was written."""
+
+    @abc.abstractmethod
+    async def swap(self, key: str, value: bytes, *, ttl_s: float | None = None) -> bytes | None:
+        """Store ``value`` and return the previous value (None if there was none)."""
+
+    @abc.abstractmethod
+    async def compare_and_set(
+        self,
+        key: str,
+        expected: bytes | None,
+        value: bytes | None,
+        *,
+        ttl_s: float | None = None,
+    ) -> bool:
+        """If the current value equals ``expected`` (None: the key is absent), replace it with
+        ``value`` (None: delete the key). Returns whether the swap happened."""
+
+    @abc.abstractmethod
+    async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
+        """Reset the TTL of ``key`` to ``ttl_s`` only if it still holds ``expected``."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""
+
+    @abc.abstractmethod
+    async def incr(self, key: str, amount: int = 1, *, ttl_s: float | None = None) -> int:
+        """Add ``amount`` to the integer at ``key`` (absent counts as 0) and return the new value.
+        ``ttl_s`` is applied when the key is created by this call."""
+
+    @abc.abstractmethod
+    async def keys_with_prefix(self, prefix: str) -> list[str]:
+        """All live keys starting with ``prefix`` (relative names, any order)."""
+
+    @abc.abstractmethod
+    async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
+        """Exact shared rate limit (sliding-window log): a call is allowed only if fewer than
+        ``limit`` calls were allowed for ``key`` in the last ``period_s`` seconds, so no window of
+        ``period_s`` ever holds more than ``limit`` allowed calls. Decided atomically against one
+        clock (Redis: server TIME). Refused calls are not recorded."""
+
+    # -- bus ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def publish(self, channel: str, payload: bytes) -> int:
+        """Send ``payload`` to the current subscribers of ``channel``; returns how many."""
+
+    @abc.abstractmethod
+    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
+        """Subscribe for the duration of the ``async with`` block."""
+
+    @abc.abstractmethod
+    async def subscriber_count(self, channel: str) -> int:
+        """How many subscribers ``channel`` has right now (PUBSUB NUMSUB)."""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise CoordinationUnavailable unless the backend answers."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release connections. Idempotent."""

@@ -1,0 +1,108 @@
+"""Lua scripts that make the Redis backend's compound operations atomic.
+
+Each runs as one EVALSHA (EVAL when the server lost its script cache, e.g. after a restart).
+TTL arguments are milliseconds as decimal strings; an empty string means "no expiry".
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+__all__ = [
+    "COMPARE_AND_SET",
+    "INCR_WITH_TTL",
+    "RATE_LIMIT",
+    "REFRESH_IF",
+    "LuaScript",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    name: str
+    source: bytes
+
+    @property
+    def sha(self) -> bytes:
+        return hashlib.sha1(self.source).hexdigest().encode()
+
+
+def _script(name: str, source: str) -> LuaScript:
+    return LuaScript(name, source.strip().encode())
+
+
+# KEYS[1] key; ARGV[1] "1" if a current value is expected, "0" if the key must be absent;
+# ARGV[2] expected value; ARGV[3] "1" to write ARGV[4], "0" to delete; ARGV[5] TTL ms or "".
+COMPARE_AND_SET = _script(
+    "compare_and_set",
+    """
+local current = redis.call('GET', KEYS[1])
+if ARGV[1] == '1' then
+  if current ~= ARGV[2] then return 0 end
+elseif current then
+  return 0
+end
+if ARGV[3] == '1' then
+  if ARGV[5] ~= '' then
+    redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+  else
+    redis.call('SET', KEYS[1], ARGV[4])
+  end
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1
+""",
+)
+
+# KEYS[1] key; ARGV[1] expected value; ARGV[2] TTL ms.
+REFRESH_IF = _script(
+    "refresh_if",
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+""",
+)
+
+# KEYS[1] key; ARGV[1] amount; ARGV[2] TTL ms or "" (applied only when this call creates the key).
+INCR_WITH_TTL = _script(
+    "incr_with_ttl",
+    """
+local created = redis.call('EXISTS', KEYS[1]) == 0
+local value = redis.call('INCRBY', KEYS[1], ARGV[1])
+if created and ARGV[2] ~= '' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return value
+""",
+)
+
+# Sliding-window log in a sorted set, scored in microseconds of the server's clock (TIME), so
+# every instance is judged against one clock. Only allowed calls are recorded.
+# KEYS[1] key; ARGV[1] limit; ARGV[2] period in microseconds; ARGV[3] unique member suffix.
+# Returns {allowed 0/1, retry_after microseconds, remaining}.
+# Scores are formatted with %.0f: Lua's default number formatting (%.14g) would round them.
+RATE_LIMIT = _script(
+    "rate_limit",
+    """
+local limit = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - period))
+local count = redis.call('ZCARD', KEYS[1])
+if count < limit then
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now),
+             time[1] .. '.' .. time[2] .. ':' .. ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000))
+  return {1, 0, limit - count - 1}
+end
+local releasing = redis.call('ZRANGE', KEYS[1], count - limit, count - limit, 'WITHSCORES')
+local retry = tonumber(releasing[2]) + period - now
+if retry < 0 then retry = 0 end
+return {0, retry, 0}
+""",
+)

@@ -1,0 +1,86 @@
+"""The node connections of one instance, keyed by connection and by node identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.core.placement import NodeView
+
+
+@dataclass(eq=False)
+class NodeConnection:
+    """One accepted WebSocket of one node identity. ``conn_id`` is unique per connection, so a
+    reconnect of the same node is a different connection and cannot answer the old one's tasks."""
+
+    conn_id: str
+    node_id: str
+    models: frozenset[str]
+    max_parallel: int
+    vram_gb: float | None
+    agent_version: str
+    connected_at: float
+    last_seen: float
+    tasks: set[str] = field(default_factory=set)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.tasks)
+
+
+class NodeTable:
+    """Which connection currently speaks for each node identity on this instance."""
+
+    def __init__(self) -> None:
+        self._by_conn: dict[str, NodeConnection] = {}
+        self._by_node: dict[str, NodeConnection] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_node)
+
+    def register(self, conn: NodeConnection) -> NodeConnection | None:
+        """Make ``conn`` the connection of its node; returns the connection it replaces."""
+        previous = self._by_node.get(conn.node_id)
+        if previous is not None:
+            del self._by_conn[previous.conn_id]
+        self._by_node[conn.node_id] = conn
+        self._by_conn[conn.conn_id] = conn
+        return previous
+
+    def unregister(self, conn_id: str) -> NodeConnection | None:
+        """Forget ``conn_id``; a no-op when it was already replaced."""
+        conn = self._by_conn.pop(conn_id, None)
+        if conn is not None and self._by_node.get(conn.node_id) is conn:
+            del self._by_node[conn.node_id]
+        return conn
+
+    def by_conn(self, conn_id: str) -> NodeConnection | None:
+        return self._by_conn.get(conn_id)
+
+    def by_node(self, node_id: str) -> NodeConnection | None:
+        return self._by_node.get(node_id)
+
+    def touch(self, conn_id: str, now: float) -> None:
+        conn = self._by_conn.get(conn_id)
+        if conn is not None:
+            conn.last_seen = now
+
+    def silent(self, now: float, deadline_s: float) -> list[NodeConnection]:
+        """Connections that sent nothing for longer than ``deadline_s``."""
+        return [c for c in self._by_conn.values() if now - c.last_seen > deadline_s]
+
+    def connections(self) -> list[NodeConnection]:
+        return sorted(self._by_node.values(), key=lambda c: c.node_id)
+
+    def views(self, instance_id: str, ratings: dict[str, tuple[float, int]]) -> list[NodeView]:
+        return [
+            NodeView(
+                node_id=c.node_id,
+                instance_id=instance_id,
+                conn_id=c.conn_id,
+                models=c.models,
+                max_parallel=c.max_parallel,
+                in_flight=c.in_flight,
+                rating=ratings[c.node_id][0] if c.node_id in ratings else None,
+            )
+            for c in self.connections()
+        ]

@@ -1,0 +1,141 @@
+"""Serving one node WebSocket: hello and authentication, then envelopes until it closes.
+
+The socket is reached through the small ``NodeSocket`` protocol so the same code serves Quart's
+websocket object in production and an in-memory pair in tests and the simulator.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import trio
+
+from coordinator.core.node_table import NodeConnection
+from coordinator.runtime.instance import Instance
+from coordinator.runtime.node_link import NodeLink
+from protocol import (
+    Chunk,
+    Error,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Result,
+    Welcome,
+    decode_node,
+    encode,
+)
+
+log = logging.getLogger("gemmanet.node_socket")
+
+CLOSE_AUTH_FAILED = 4001
+CLOSE_PROTOCOL_ERROR = 4002
+HELLO_TIMEOUT_S = 10.0
+# Envelope types a node may send after its hello.
+_FROM_NODE = (Heartbeat, Chunk, Result, Error)
+
+
+class NodeSocket(Protocol):
+    async def accept(self) -> None: ...
+    async def receive(self) -> str | bytes: ...
+    async def send(self, data: str | bytes) -> None: ...
+    async def close(self, code: int, reason: str = "") -> None: ...
+
+
+class _Closing(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+def _reason(text: str) -> str:
+    # A close reason must fit in 123 bytes of UTF-8.
+    return text.encode()[:120].decode(errors="ignore")
+
+
+async def serve_node_socket(instance: Instance, socket: NodeSocket) -> None:
+    await socket.accept()
+    try:
+        hello = await _receive_hello(instance, socket)
+        code, reason = await _serve_authenticated(instance, socket, hello)
+    except _Closing as closing:
+        code, reason = closing.code, closing.reason
+    with trio.CancelScope(shield=True), trio.move_on_after(2):
+        try:
+            await socket.close(code, _reason(reason))
+        except Exception:  # noqa: BLE001 - the peer may already be gone; nothing to tell it
+            pass
+
+
+async def _receive_hello(instance: Instance, socket: NodeSocket) -> Hello:
+    with trio.move_on_after(HELLO_TIMEOUT_S):
+        data = await socket.receive()
+        try:
+            envelope = decode_node(data)
+        except ProtocolError as exc:
+            raise _Closing(CLOSE_PROTOCOL_ERROR, str(exc)) from None
+        if not isinstance(envelope, Hello):
+            raise _Closing(CLOSE_PROTOCOL_ERROR, f"expected hello first, got {type(envelope).__name__}")
+        if not await instance.store.verify_node_token(envelope.node_id, envelope.token):
+            log.warning("node %s failed authentication", envelope.node_id)
+            raise _Closing(CLOSE_AUTH_FAILED, f"authentication failed for node {envelope.node_id}")
+        return envelope
+    raise _Closing(CLOSE_PROTOCOL_ERROR, f"no hello within {HELLO_TIMEOUT_S:g} s")
+
+
+async def _serve_authenticated(
+    instance: Instance, socket: NodeSocket, hello: Hello
+) -> tuple[int, str]:
+    link = NodeLink()
+    conn = instance.attach_node(hello, link)
+    log.info("node %s connected (%s) serving %s", hello.node_id, conn.conn_id, sorted(conn.models))
+    try:
+        await socket.send(
+            encode(
+                Welcome(
+                    instance_id=instance.instance_id,
+                    conn_id=conn.conn_id,
+                    heartbeat_interval_s=instance.settings.heartbeat_interval_s,
+                )
+            ).decode()
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pump_outbox, socket, link)
+            nursery.start_soon(_send_heartbeats, instance, link)
+            nursery.start_soon(_receive_envelopes, instance, socket, conn, link)
+            await link.closed.wait()
+            nursery.cancel_scope.cancel()
+        return link.close_code, link.close_reason
+    finally:
+        instance.detach_node(conn)
+        log.info("node %s disconnected (%s)", hello.node_id, conn.conn_id)
+
+
+async def _pump_outbox(socket: NodeSocket, link: NodeLink) -> None:
+    async for data in link.outbox:
+        await socket.send(data.decode())
+
+
+async def _send_heartbeats(instance: Instance, link: NodeLink) -> None:
+    while True:
+        await trio.sleep(instance.settings.heartbeat_interval_s)
+        link.send_nowait(Heartbeat())
+
+
+async def _receive_envelopes(
+    instance: Instance, socket: NodeSocket, conn: NodeConnection, link: NodeLink
+) -> None:
+    while True:
+        data = await socket.receive()
+        try:
+            envelope = decode_node(data)
+        except ProtocolError as exc:
+            log.warning("node %s sent a bad envelope: %s", conn.node_id, exc)
+            link.request_close(CLOSE_PROTOCOL_ERROR, str(exc))
+            return
+        if not isinstance(envelope, _FROM_NODE):
+            link.request_close(
+                CLOSE_PROTOCOL_ERROR, f"a node may not send {type(envelope).__name__}"
+            )
+            return
+        instance.on_node_envelope(conn, envelope)

@@ -1,0 +1,76 @@
+"""What a request handler holds while its task runs: the events of one task, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from coordinator.errors import GemmaNetError, TaskTimedOut
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEvent:
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class DoneEvent:
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailedEvent:
+    error: GemmaNetError
+
+
+TaskEvent = ChunkEvent | DoneEvent | FailedEvent
+
+
+class TaskHandle:
+    """One running task as its request sees it. Created by ``Instance.start_task``."""
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        node_id: str,
+        conn_id: str,
+        events: trio.MemoryReceiveChannel[TaskEvent],
+        deadline: float,
+        timeout_s: float,
+        key_id: str,
+        model: str,
+        stream: bool,
+        created_at: float,
+    ) -> None:
+        self.task_id = task_id
+        self.node_id = node_id
+        self.conn_id = conn_id
+        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.key_id = key_id
+        self.model = model
+        self.stream = stream
+        self.created_at = created_at
+        self._events = events
+        # Set by Instance.end_task: "ok", or the error code the request ended with.
+        self.outcome: str | None = None
+
+    async def next_event(self) -> ChunkEvent | DoneEvent:
+        """The next chunk or the final result; raises the task's error (502/503/504)."""
+        with trio.move_on_at(self.deadline):
+            event = await self._events.receive()
+            if isinstance(event, FailedEvent):
+                raise event.error
+            return event
+        raise TaskTimedOut(f"task {self.task_id} got no result within {self.timeout_s:g} s")
+
+    async def result(self) -> str:
+        """Wait for the whole output (chunks of a streamed task are joined)."""
+        parts: list[str] = []
+        while True:
+            event = await self.next_event()
+            if isinstance(event, DoneEvent):
+                return event.output
+            parts.append(event.delta)

@@ -1,0 +1,35 @@
+"""Plain records the store hands out and takes in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TASK_STATUSES = frozenset({"ok", "error"})
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A client API key, without its secret."""
+
+    key_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """One finished task. Times are wall-clock unix seconds (``time.time()``) set by the caller."""
+
+    task_id: str
+    key_id: str
+    node_id: str | None
+    model: str
+    status: str  # "ok" | "error"
+    error_code: str | None
+    created_at: float
+    finished_at: float
+    stream: bool
+    instance_id: str
+
+    @property
+    def latency_ms(self) -> float:
+        return max(0.0, (self.finished_at - self.created_at) * 1000.0)

@@ -1,0 +1,94 @@
+"""GemmaNet wire protocol, sans-IO.
+
+Envelopes (frozen msgspec Structs, one class per message type) for the node WebSocket protocol
+and for the instance bus, their field limits (``constraints``), a versioned codec, the per-
+connection state machine ``NodeSession``, and the ProtocolError hierarchy. Nothing in this
+package does I/O or imports an event loop, so the coordinator, the node agent and the simulator
+all speak exactly the same bytes.
+"""
+
+from protocol.codec import (
+    MAX_ENVELOPE_BYTES,
+    PROTOCOL_VERSION,
+    decode_bus,
+    decode_node,
+    encode,
+)
+from protocol.constraints import (
+    IDENTIFIER_PATTERN,
+    MAX_IDENTIFIER_LENGTH,
+    MAX_MODEL_NAME_LENGTH,
+    MAX_MODELS,
+    MAX_PARALLEL,
+    MAX_TIMEOUT_S,
+    is_identifier,
+)
+from protocol.envelopes import (
+    Assign,
+    BusAssign,
+    BusCancel,
+    BusChunk,
+    BusEnvelope,
+    BusNodeGone,
+    BusReplace,
+    BusResult,
+    Cancel,
+    Chunk,
+    Error,
+    Heartbeat,
+    Hello,
+    NodeEnvelope,
+    Result,
+    TaskFailure,
+    Welcome,
+)
+from protocol.errors import (
+    EnvelopeTooLarge,
+    LocalProtocolError,
+    MalformedEnvelope,
+    ProtocolError,
+    UnexpectedEnvelope,
+    UnsupportedVersion,
+)
+from protocol.session import NodeSession, Role, SessionState
+
+__all__ = [
+    "IDENTIFIER_PATTERN",
+    "MAX_ENVELOPE_BYTES",
+    "MAX_IDENTIFIER_LENGTH",
+    "MAX_MODELS",
+    "MAX_MODEL_NAME_LENGTH",
+    "MAX_PARALLEL",
+    "MAX_TIMEOUT_S",
+    "PROTOCOL_VERSION",
+    "Assign",
+    "BusAssign",
+    "BusCancel",
+    "BusChunk",
+    "BusEnvelope",
+    "BusNodeGone",
+    "BusReplace",
+    "BusResult",
+    "Cancel",
+    "Chunk",
+    "EnvelopeTooLarge",
+    "Error",
+    "Heartbeat",
+    "Hello",
+    "LocalProtocolError",
+    "MalformedEnvelope",
+    "NodeEnvelope",
+    "NodeSession",
+    "ProtocolError",
+    "Result",
+    "Role",
+    "SessionState",
+    "TaskFailure",
+    "UnexpectedEnvelope",
+    "UnsupportedVersion",
+    "Welcome",
+    "decode_bus",
+    "decode_node",
+    "encode",
+    "is_identifier",
+]

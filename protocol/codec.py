@@ -1,0 +1,77 @@
+"""Versioned codec: bytes <-> envelopes. Decoding raises ProtocolError and nothing else."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from protocol.envelopes import VERSION, BusEnvelope, NodeEnvelope
+from protocol.errors import EnvelopeTooLarge, MalformedEnvelope, UnsupportedVersion
+
+PROTOCOL_VERSION = VERSION
+# A prompt of a few hundred KiB plus framing fits; anything bigger is refused before parsing.
+MAX_ENVELOPE_BYTES = 1024 * 1024
+
+
+class _Header(msgspec.Struct):
+    v: Any = msgspec.UNSET
+    type: Any = msgspec.UNSET
+
+
+_encoder = msgspec.json.Encoder()
+_header_decoder = msgspec.json.Decoder(_Header)
+_node_decoder = msgspec.json.Decoder(NodeEnvelope)
+_bus_decoder = msgspec.json.Decoder(BusEnvelope)
+
+T = TypeVar("T")
+
+
+def encode(envelope: msgspec.Struct) -> bytes:
+    """Serialise one envelope to JSON bytes."""
+    return _encoder.encode(envelope)
+
+
+def _as_bytes(data: object) -> bytes:
+    if isinstance(data, str):
+        # surrogatepass: a str with lone surrogates (e.g. from a lax JSON layer) must become a
+        # MalformedEnvelope, not a UnicodeEncodeError; msgspec then rejects the invalid UTF-8.
+        return data.encode("utf-8", "surrogatepass")
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):
+        # Copy: len() of a memoryview counts items, not bytes, and the size check must be honest.
+        return bytes(data)
+    raise MalformedEnvelope(f"an envelope is bytes or str, not {type(data).__name__}")
+
+
+def _decode(data: bytes | str, decoder: msgspec.json.Decoder[T], limit: int) -> T:
+    raw = _as_bytes(data)
+    if len(raw) > limit:
+        raise EnvelopeTooLarge(len(raw), limit)
+    try:
+        header = _header_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedEnvelope(f"not an envelope: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - decoding must raise ProtocolError only
+        raise MalformedEnvelope(f"not an envelope: {exc!r}") from None
+    if header.v is msgspec.UNSET:
+        raise MalformedEnvelope("envelope has no version field 'v'")
+    if type(header.v) is not int or header.v != VERSION:
+        raise UnsupportedVersion(header.v, VERSION)
+    try:
+        return decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedEnvelope(f"invalid envelope: {exc}") from None
+    except Exception as exc:  # noqa: BLE001
+        raise MalformedEnvelope(f"invalid envelope: {exc!r}") from None
+
+
+def decode_node(data: bytes | str, *, limit: int = MAX_ENVELOPE_BYTES) -> NodeEnvelope:
+    """Decode one node-protocol envelope."""
+    return _decode(data, _node_decoder, limit)
+
+
+def decode_bus(data: bytes | str, *, limit: int = MAX_ENVELOPE_BYTES) -> BusEnvelope:
+    """Decode one instance-bus envelope."""
+    return _decode(data, _bus_decoder, limit)

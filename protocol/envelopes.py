@@ -1,0 +1,185 @@
+"""Envelope types of protocol v1.
+
+Two families share one codec:
+
+* the node protocol, spoken over ``WS /ws/node`` between a node agent and the instance that
+  owns its connection;
+* the instance bus, spoken between coordinator instances over Redis pub/sub (or streams).
+
+Every envelope is a frozen Struct tagged by ``type``; the version travels in ``v``.
+Unknown extra fields are ignored on decode so a newer minor peer can add fields.
+Field limits live in ``protocol.constraints`` and are enforced at decode time only.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import msgspec
+
+from protocol.constraints import (
+    AgentVersion,
+    Count,
+    ErrorCode,
+    HeartbeatIntervalS,
+    Identifier,
+    ModelList,
+    ModelName,
+    ParallelSlots,
+    TimeoutS,
+    Token,
+    VramGb,
+)
+
+VERSION = 1
+
+
+class _Envelope(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
+    v: int = VERSION
+
+
+# --- node protocol -----------------------------------------------------------------------------
+
+
+class Hello(_Envelope, tag="hello", frozen=True, kw_only=True):
+    """node -> coordinator, first message of every connection."""
+
+    node_id: Identifier
+    token: Token
+    models: ModelList
+    max_parallel: ParallelSlots = 1
+    vram_gb: VramGb | None = None
+    agent_version: AgentVersion = ""
+
+    def __repr__(self) -> str:
+        # Envelopes end up in logs and tracebacks; the node's credential must not.
+        return (
+            f"Hello(v={self.v!r}, node_id={self.node_id!r}, token='***', models={self.models!r},"
+            f" max_parallel={self.max_parallel!r}, vram_gb={self.vram_gb!r},"
+            f" agent_version={self.agent_version!r})"
+        )
+
+
+class Welcome(_Envelope, tag="welcome", frozen=True, kw_only=True):
+    """coordinator -> node, the hello was accepted."""
+
+    instance_id: Identifier
+    conn_id: Identifier
+    heartbeat_interval_s: HeartbeatIntervalS
+
+
+class Heartbeat(_Envelope, tag="heartbeat", frozen=True, kw_only=True):
+    """Either direction; proves the peer is alive. ``in_flight`` is the sender's view."""
+
+    in_flight: Count = 0
+
+
+class Assign(_Envelope, tag="assign", frozen=True, kw_only=True):
+    """coordinator -> node: run this task."""
+
+    task_id: Identifier
+    model: ModelName
+    prompt: str
+    stream: bool = False
+    timeout_s: TimeoutS = 120.0
+
+
+class Chunk(_Envelope, tag="chunk", frozen=True, kw_only=True):
+    """node -> coordinator: one streamed piece; ``seq`` counts from 0 per task."""
+
+    task_id: Identifier
+    seq: Count
+    delta: str
+
+
+class Result(_Envelope, tag="result", frozen=True, kw_only=True):
+    """node -> coordinator: the task's whole output; ``chunks`` is how many chunks preceded it."""
+
+    task_id: Identifier
+    output: str
+    chunks: Count = 0
+
+
+class Error(_Envelope, tag="error", frozen=True, kw_only=True):
+    """node -> coordinator: the task failed (or, with no task_id, the node reports a problem)."""
+
+    task_id: Identifier | None = None
+    code: ErrorCode
+    message: str
+
+
+class Cancel(_Envelope, tag="cancel", frozen=True, kw_only=True):
+    """coordinator -> node: stop working on this task; nobody waits for it any more."""
+
+    task_id: Identifier
+    reason: str = ""
+
+
+NodeEnvelope: TypeAlias = Hello | Welcome | Heartbeat | Assign | Chunk | Result | Error | Cancel
+
+
+# --- instance bus ------------------------------------------------------------------------------
+
+
+class TaskFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a task failed, as carried between instances."""
+
+    code: ErrorCode
+    message: str
+
+
+class BusAssign(_Envelope, tag="bus.assign", frozen=True, kw_only=True):
+    """requester -> owner: hand this task to the node connection you own."""
+
+    task_id: Identifier
+    node_id: Identifier
+    conn_id: Identifier
+    model: ModelName
+    prompt: str
+    stream: bool = False
+    timeout_s: TimeoutS = 120.0
+    reply_to: str
+
+
+class BusChunk(_Envelope, tag="bus.chunk", frozen=True, kw_only=True):
+    """owner -> requester: a chunk of a task the requester waits for."""
+
+    task_id: Identifier
+    seq: Count
+    delta: str
+
+
+class BusResult(_Envelope, tag="bus.result", frozen=True, kw_only=True):
+    """owner -> requester: the task ended, with ``output`` or with ``failure``."""
+
+    task_id: Identifier
+    node_id: Identifier
+    output: str | None = None
+    chunks: Count = 0
+    failure: TaskFailure | None = None
+
+
+class BusNodeGone(_Envelope, tag="bus.node_gone", frozen=True, kw_only=True):
+    """owner -> requester: the node of this task disconnected (or was never there)."""
+
+    task_id: Identifier
+    node_id: Identifier
+    reason: str = ""
+
+
+class BusReplace(_Envelope, tag="bus.replace", frozen=True, kw_only=True):
+    """new owner -> old owner: close ``conn_id`` of ``node_id`` with 4000."""
+
+    node_id: Identifier
+    conn_id: Identifier
+    new_instance: Identifier
+
+
+class BusCancel(_Envelope, tag="bus.cancel", frozen=True, kw_only=True):
+    """requester -> owner: nobody waits for this task any more; cancel it on the node."""
+
+    task_id: Identifier
+    reason: str = ""
+
+
+BusEnvelope: TypeAlias = BusAssign | BusChunk | BusResult | BusNodeGone | BusReplace | BusCancel

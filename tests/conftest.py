@@ -1,0 +1,7 @@
+"""Shared pytest configuration. Fixtures live in tests/fixtures/, one module per concern."""
+
+pytest_plugins = [
+    "tests.fixtures.redis_server",
+    "tests.fixtures.processes",
+    "tests.fixtures.databases",
+]

@@ -1,0 +1,494 @@
+"""One contract, two backends: every test here runs against the embedded memory backend (on a
+fake clock) and against RedisCoordination talking to a real redis-server.
+
+Time: ``backend.advance(s)`` moves the memory backend's injected clock, and really sleeps for
+Redis, so TTLs here are short (tenths of a second) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+import trio
+
+from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination.memory import MemoryCoordination, MemoryState
+from coordinator.coordination.redis import RedisCoordination
+from tests.fixtures.redis_server import RedisServer
+
+# Margin for real-time checks against Redis (scheduling, round trips).
+SLACK = 0.05
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Backend:
+    name: str
+    coord: Coordination
+    advance: Callable[[float], Awaitable[None]]
+    #: a second client of the same store, as another coordinator instance would have
+    open_peer: Callable[[], AbstractAsyncContextManager[Coordination]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def backend(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        clock = FakeClock()
+        state = MemoryState(clock)
+
+        async def advance(seconds: float) -> None:
+            clock.now += seconds
+            await trio.lowlevel.checkpoint()
+
+        @asynccontextmanager
+        async def memory_peer() -> AsyncIterator[Coordination]:
+            async with MemoryCoordination(state=state) as peer:
+                yield peer
+
+        async with MemoryCoordination(state=state) as coord:
+            yield Backend("memory", coord, advance, memory_peer)
+        return
+
+    server: RedisServer = request.getfixturevalue("redis_server_session")
+    prefix: str = request.getfixturevalue("redis_key_prefix")
+
+    @asynccontextmanager
+    async def redis_peer() -> AsyncIterator[Coordination]:
+        async with RedisCoordination(server.url, key_prefix=prefix) as peer:
+            yield peer
+
+    async with RedisCoordination(server.url, key_prefix=prefix) as coord:
+        yield Backend("redis", coord, trio.sleep, redis_peer)
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+
+async def test_get_set_and_absent_keys(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.get("missing") is None
+    assert await c.set("k", b"v1") is True
+    assert await c.get("k") == b"v1"
+    assert await c.set("k", b"v2") is True
+    assert await c.get("k") == b"v2"
+    binary = bytes(range(256))
+    await c.set("bin", binary)
+    assert await c.get("bin") == binary
+
+
+async def test_set_only_if_absent(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.set("lock", b"a", only_if_absent=True) is True
+    assert await c.set("lock", b"b", only_if_absent=True) is False
+    assert await c.get("lock") == b"a"
+
+
+async def test_ttl_expiry(backend: Backend) -> None:
+    c = backend.coord
+    await c.set("short", b"x", ttl_s=0.2)
+    await c.set("forever", b"y")
+    await backend.advance(0.1)
+    assert await c.get("short") == b"x"
+    await backend.advance(0.1 + SLACK)
+    assert await c.get("short") is None
+    assert await c.get_many(["short", "forever"]) == [None, b"y"]
+    assert await c.keys_with_prefix("") == ["forever"]
+    # An expired key is absent for only_if_absent too.
+    assert await c.set("short", b"again", only_if_absent=True) is True
+
+
+async def test_plain_set_clears_a_previous_ttl(backend: Backend) -> None:
+    c = backend.coord
+    await c.set("k", b"1", ttl_s=0.2)
+    await c.set("k", b"2")
+    await backend.advance(0.2 + SLACK)
+    assert await c.get("k") == b"2"
+
+
+async def test_swap_returns_previous_value(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.swap("s", b"first") is None
+    assert await c.swap("s", b"second", ttl_s=0.2) == b"first"
+    assert await c.get("s") == b"second"
+    await backend.advance(0.2 + SLACK)
+    assert await c.swap("s", b"third") is None
+
+
+async def test_compare_and_set(backend: Backend) -> None:
+    c = backend.coord
+    # expected None: only when absent
+    assert await c.compare_and_set("owner", None, b"A") is True
+    assert await c.compare_and_set("owner", None, b"B") is False
+    assert await c.get("owner") == b"A"
+    # expected value: must match exactly
+    assert await c.compare_and_set("owner", b"X", b"B") is False
+    assert await c.compare_and_set("owner", b"A", b"B", ttl_s=0.2) is True
+    assert await c.get("owner") == b"B"
+    # value None deletes
+    assert await c.compare_and_set("owner", b"A", None) is False
+    assert await c.compare_and_set("owner", b"B", None) is True
+    assert await c.get("owner") is None
+    # absent and expected None, value None: nothing to do, and that counts as done
+    assert await c.compare_and_set("owner", None, None) is True
+    # the TTL given on a successful swap applies
+    assert await c.compare_and_set("owner", None, b"C", ttl_s=0.2) is True
+    await backend.advance(0.2 + SLACK)
+    assert await c.get("owner") is None
+    # an expired key counts as absent
+    assert await c.compare_and_set("owner", None, b"D") is True
+
+
+async def test_compare_and_set_distinguishes_empty_value_from_absent(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.compare_and_set("e", b"", b"x") is False
+    await c.set("e", b"")
+    assert await c.compare_and_set("e", None, b"x") is False
+    assert await c.compare_and_set("e", b"", b"x") is True
+    assert await c.get("e") == b"x"
+
+
+async def test_refresh_if(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.refresh_if("alive", b"me", 0.3) is False
+    await c.set("alive", b"me", ttl_s=0.2)
+    await backend.advance(0.1)
+    assert await c.refresh_if("alive", b"someone-else", 0.3) is False
+    assert await c.refresh_if("alive", b"me", 0.3) is True
+    await backend.advance(0.2)  # past the original TTL, inside the refreshed one
+    assert await c.get("alive") == b"me"
+    await backend.advance(0.1 + SLACK)
+    assert await c.get("alive") is None
+    assert await c.refresh_if("alive", b"me", 0.3) is False
+
+
+async def test_delete(backend: Backend) -> None:
+    c = backend.coord
+    await c.set("d", b"1")
+    await c.delete("d")
+    assert await c.get("d") is None
+    await c.delete("d")  # absent: no error
+
+
+async def test_incr_with_ttl_on_create_only(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.incr("n") == 1
+    assert await c.incr("n", 5) == 6
+    assert await c.incr("n", -10) == -4
+    assert await c.get("n") == b"-4"
+
+    assert await c.incr("t", ttl_s=0.2) == 1
+    await backend.advance(0.1)
+    # The TTL is not pushed back by later increments.
+    assert await c.incr("t", ttl_s=0.2) == 2
+    await backend.advance(0.1 + SLACK)
+    assert await c.get("t") is None
+    assert await c.incr("t") == 1
+
+
+async def test_get_many(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.get_many([]) == []
+    await c.set("a", b"1")
+    await c.set("c", b"3")
+    assert await c.get_many(["a", "b", "c", "a"]) == [b"1", None, b"3", b"1"]
+
+
+async def test_keys_with_prefix(backend: Backend) -> None:
+    c = backend.coord
+    for key in ["node:1", "node:2", "node:10", "nodes", "inst:1", "n*x", "n?y", "n[z]"]:
+        await c.set(key, b"v")
+    await c.set("node:gone", b"v", ttl_s=0.1)
+    await backend.advance(0.1 + SLACK)
+    assert sorted(await c.keys_with_prefix("node:")) == ["node:1", "node:10", "node:2"]
+    assert sorted(await c.keys_with_prefix("node")) == ["node:1", "node:10", "node:2", "nodes"]
+    # glob characters in the prefix are literal
+    assert await c.keys_with_prefix("n*") == ["n*x"]
+    assert await c.keys_with_prefix("n?") == ["n?y"]
+    assert await c.keys_with_prefix("n[") == ["n[z]"]
+    assert await c.keys_with_prefix("nothing") == []
+
+
+async def test_keys_with_prefix_sees_many_keys(backend: Backend) -> None:
+    c = backend.coord
+    for i in range(1500):  # more than one SCAN batch
+        await c.set(f"bulk:{i}", b"v")
+    keys = await c.keys_with_prefix("bulk:")
+    assert len(keys) == 1500
+    assert set(keys) == {f"bulk:{i}" for i in range(1500)}
+
+
+async def test_invalid_arguments_are_refused(backend: Backend) -> None:
+    c = backend.coord
+    with pytest.raises(ValueError):
+        await c.set("k", b"v", ttl_s=0)
+    with pytest.raises(ValueError):
+        await c.rate_limit("r", limit=0, period_s=1)
+    with pytest.raises(ValueError):
+        await c.rate_limit("r", limit=1, period_s=0)
+
+
+# -- rate limits ------------------------------------------------------------------------------
+
+
+async def test_rate_limit_allows_exactly_limit_then_slides(backend: Backend) -> None:
+    c = backend.coord
+    period = 0.5
+    decisions = [await c.rate_limit("api:k1", limit=5, period_s=period) for _ in range(5)]
+    assert [d.allowed for d in decisions] == [True] * 5
+    assert [d.remaining for d in decisions] == [4, 3, 2, 1, 0]
+    assert all(d.retry_after_s == 0 for d in decisions)
+
+    refused = await c.rate_limit("api:k1", limit=5, period_s=period)
+    assert not refused.allowed
+    assert refused.remaining == 0
+    assert 0 < refused.retry_after_s <= period
+    again = await c.rate_limit("api:k1", limit=5, period_s=period)
+    assert not again.allowed
+    assert again.retry_after_s <= refused.retry_after_s
+
+    # Other keys have their own window.
+    assert (await c.rate_limit("api:k2", limit=5, period_s=period)).allowed
+
+    await backend.advance(refused.retry_after_s + SLACK)
+    assert (await c.rate_limit("api:k1", limit=5, period_s=period)).allowed
+
+
+async def test_rate_limit_window_slides_per_call(backend: Backend) -> None:
+    c = backend.coord
+    period = 0.6
+    for _ in range(3):
+        assert (await c.rate_limit("slide", limit=5, period_s=period)).allowed
+    await backend.advance(0.3)
+    for _ in range(2):
+        assert (await c.rate_limit("slide", limit=5, period_s=period)).allowed
+    refused = await c.rate_limit("slide", limit=5, period_s=period)
+    assert not refused.allowed
+    # The first three calls leave the window first, about 0.3 s from now.
+    assert 0.3 - 0.1 < refused.retry_after_s <= 0.3
+    await backend.advance(refused.retry_after_s + SLACK)
+    # Only the three oldest calls left the window: three more fit, not five.
+    allowed = [(await c.rate_limit("slide", limit=5, period_s=period)).allowed for _ in range(5)]
+    assert allowed == [True, True, True, False, False]
+
+
+async def test_rate_limit_refused_calls_are_not_counted(backend: Backend) -> None:
+    c = backend.coord
+    assert (await c.rate_limit("r", limit=1, period_s=0.3)).allowed
+    for _ in range(10):
+        assert not (await c.rate_limit("r", limit=1, period_s=0.3)).allowed
+    await backend.advance(0.3 + SLACK)
+    assert (await c.rate_limit("r", limit=1, period_s=0.3)).allowed
+
+
+async def test_rate_limit_is_exact_under_concurrency(backend: Backend) -> None:
+    c = backend.coord
+    results: list[bool] = []
+
+    async def call(coord: Coordination) -> None:
+        decision = await coord.rate_limit("burst", limit=10, period_s=30)
+        results.append(decision.allowed)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(50):
+            nursery.start_soon(call, c)
+    assert results.count(True) == 10
+    assert len(results) == 50
+
+
+async def test_rate_limit_is_shared_between_instances(backend: Backend) -> None:
+    results: list[bool] = []
+
+    async def call(coord: Coordination) -> None:
+        decision = await coord.rate_limit("shared", limit=10, period_s=30)
+        results.append(decision.allowed)
+
+    async with backend.open_peer() as peer, trio.open_nursery() as nursery:
+        for i in range(50):
+            nursery.start_soon(call, backend.coord if i % 2 else peer)
+    assert results.count(True) == 10
+
+
+# -- bus --------------------------------------------------------------------------------------
+
+
+async def _next(subscription: object, timeout: float = 2.0) -> bytes:
+    with trio.fail_after(timeout):
+        async for message in subscription:  # type: ignore[attr-defined]
+            return bytes(message)
+    raise AssertionError("subscription ended")
+
+
+async def test_publish_without_subscribers_reaches_nobody(backend: Backend) -> None:
+    assert await backend.coord.publish("inst:nobody", b"hello") == 0
+    assert await backend.coord.subscriber_count("inst:nobody") == 0
+
+
+async def test_subscription_gets_messages_in_order(backend: Backend) -> None:
+    c = backend.coord
+    async with c.subscribe("inst:a") as sub:
+        assert await c.subscriber_count("inst:a") == 1
+        for i in range(200):
+            assert await c.publish("inst:a", b"m%d" % i) == 1
+        received = [await _next(sub) for _ in range(200)]
+    assert received == [b"m%d" % i for i in range(200)]
+    assert await c.subscriber_count("inst:a") == 0
+    assert await c.publish("inst:a", b"late") == 0
+
+
+async def test_publish_counts_every_subscriber(backend: Backend) -> None:
+    c = backend.coord
+    async with backend.open_peer() as peer:
+        async with c.subscribe("fan") as first, peer.subscribe("fan") as second:
+            assert await c.subscriber_count("fan") == 2
+            assert await peer.publish("fan", b"\x00\xffbinary") == 2
+            assert await _next(first) == b"\x00\xffbinary"
+            assert await _next(second) == b"\x00\xffbinary"
+            async with c.subscribe("other") as unrelated:
+                assert await c.publish("fan", b"two") == 2
+                assert await c.publish("other", b"only-other") == 1
+                assert await _next(unrelated) == b"only-other"
+            assert await _next(first) == b"two"
+        assert await c.subscriber_count("fan") == 0
+
+
+async def test_messages_published_before_subscribing_are_lost(backend: Backend) -> None:
+    c = backend.coord
+    assert await c.publish("late", b"before") == 0
+    async with c.subscribe("late") as sub:
+        await c.publish("late", b"after")
+        assert await _next(sub) == b"after"
+
+
+async def test_subscriber_leaving_is_seen_by_publisher(backend: Backend) -> None:
+    c = backend.coord
+    async with backend.open_peer() as peer:
+        async with peer.subscribe("reply:1"):
+            assert await c.publish("reply:1", b"x") == 1
+        assert await c.publish("reply:1", b"x") == 0
+
+
+async def test_closed_backend_is_unavailable(backend: Backend) -> None:
+    async with backend.open_peer() as peer:
+        await peer.set("k", b"v")
+        await peer.aclose()
+        await peer.aclose()  # idempotent
+        with pytest.raises(CoordinationUnavailable):
+            await peer.get("k")
+        with pytest.raises(CoordinationUnavailable):
+            await peer.publish("c", b"x")
+    assert await backend.coord.get("k") == b"v"
+
+
+async def test_closing_ends_open_subscriptions(backend: Backend) -> None:
+    async with backend.open_peer() as peer:
+        async with peer.subscribe("bye") as sub:
+            await peer.aclose()
+            with trio.fail_after(2):
+                async for _ in sub:
+                    raise AssertionError("no message expected")
+
+
+# -- Redis only -------------------------------------------------------------------------------
+
+
+async def test_key_prefixes_isolate_deployments(redis_server_session: RedisServer) -> None:
+    url = redis_server_session.url
+    async with (
+        RedisCoordination(url, key_prefix="iso-a") as a,
+        RedisCoordination(url, key_prefix="iso-b") as b,
+    ):
+        await a.set("node:1", b"a")
+        await b.set("node:2", b"b")
+        assert await a.keys_with_prefix("node:") == ["node:1"]
+        assert await b.keys_with_prefix("node:") == ["node:2"]
+        assert await a.get("node:2") is None
+        for _ in range(3):
+            assert (await a.rate_limit("r", limit=3, period_s=30)).allowed
+        assert (await b.rate_limit("r", limit=3, period_s=30)).allowed
+        async with a.subscribe("inst:x"):
+            assert await b.publish("inst:x", b"hi") == 0
+            assert await b.subscriber_count("inst:x") == 0
+            assert await a.publish("inst:x", b"hi") == 1
+
+
+# -- memory only ------------------------------------------------------------------------------
+
+
+def test_memory_state_stays_flat() -> None:
+    clock = FakeClock()
+    state = MemoryState(clock)
+    for round_ in range(50):
+        for i in range(200):
+            state.set(f"task:{round_}:{i}", b"x", ttl_s=1.0)
+            state.rate_limit(f"api:{round_}:{i}", limit=5, period_s=1.0)
+            state.refresh_if(f"task:{round_}:{i}", b"x", 1.0)
+        clock.now += 2.0
+        state.get("anything")
+    size = state.size()
+    assert size["keys"] == 0
+    assert size["expiry_heap"] == 0
+    assert size["rate_logs"] == 0
+    assert size["rate_heap"] == 0
+
+
+def test_memory_state_decides_on_the_injected_clock() -> None:
+    clock = FakeClock(0.0)
+    state = MemoryState(clock)
+    state.set("k", b"v", ttl_s=5)
+    assert state.ttl("k") == 5
+    clock.now = 4.999
+    assert state.get("k") == b"v"
+    clock.now = 5.0
+    assert state.get("k") is None
+    for _ in range(3):
+        assert state.rate_limit("r", limit=3, period_s=10).allowed
+    clock.now = 7.5
+    refused = state.rate_limit("r", limit=3, period_s=10)
+    assert not refused.allowed and refused.retry_after_s == pytest.approx(2.5)
+    clock.now = 15.0
+    assert state.rate_limit("r", limit=3, period_s=10).allowed
+
+
+def test_memory_state_fans_out_to_sinks_in_subscription_order() -> None:
+    state = MemoryState(FakeClock())
+    seen: list[tuple[str, bytes]] = []
+    first = state.add_subscriber("c", lambda p: seen.append(("first", p)) is None)
+    state.add_subscriber("c", lambda p: seen.append(("second", p)) is None)
+    state.add_subscriber("c", lambda p: False)  # a full buffer
+    assert state.publish("c", b"1") == 3
+    assert seen == [("first", b"1"), ("second", b"1")]
+    assert state.dropped == 1
+    state.remove_subscriber("c", first)
+    assert state.subscriber_count("c") == 2
+
+
+async def test_memory_slow_subscriber_drops_instead_of_blocking() -> None:
+    coord = MemoryCoordination(subscriber_buffer=3)
+    async with coord, coord.subscribe("slow") as sub:
+        for i in range(5):
+            with trio.fail_after(1):  # publish never blocks
+                assert await coord.publish("slow", b"%d" % i) == 1
+        assert [await _next(sub) for _ in range(3)] == [b"0", b"1", b"2"]
+        assert sub.dropped == 2  # type: ignore[attr-defined]
+        assert coord.state.dropped == 2
+
+
+async def test_memory_backend_runs_on_trio_virtual_clock(autojump_clock: trio.abc.Clock) -> None:
+    async with MemoryCoordination(clock=trio.current_time) as coord:
+        await coord.set("k", b"v", ttl_s=60)
+        await trio.sleep(59)
+        assert await coord.get("k") == b"v"
+        await trio.sleep(1)
+        assert await coord.get("k") is None

@@ -1,0 +1,30 @@
+"""The command line contract of INTERFACE.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fixtures.processes import Processes
+
+pytestmark = pytest.mark.e2e
+
+
+def test_key_and_token_are_alone_on_the_last_line(procs: Processes) -> None:
+    key = procs.cli("keys", "create", "--name", "n").stdout.strip().splitlines()[-1]
+    token = procs.cli("nodes", "enroll", "--node-id", "x").stdout.strip().splitlines()[-1]
+    assert key.startswith("gn_") and " " not in key
+    assert token.startswith("gnn_") and " " not in token
+
+
+def test_every_subcommand_has_help(procs: Processes) -> None:
+    for args in (["--help"], ["serve", "--help"], ["keys", "create", "--help"],
+                 ["nodes", "enroll", "--help"], ["node", "--help"]):
+        done = procs.cli(*args)
+        assert done.returncode == 0 and "usage" in done.stdout.lower(), args
+
+
+def test_bad_settings_fail_with_one_line(procs: Processes) -> None:
+    env = {**procs.env, "GEMMANET_MULTI_INSTANCE": "1"}
+    done = procs.cli("serve", "--port", "1", env=env)
+    assert done.returncode != 0
+    assert "GEMMANET_REDIS_URL" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -1,0 +1,159 @@
+"""The HTTP API of one real coordinator process with real node agent processes."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.fixtures.processes import Coordinator, Processes
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def setup(procs: Processes) -> tuple[Processes, Coordinator, str]:
+    coord = procs.coordinator()
+    procs.node(coord, "echo-1")
+    return procs, coord, procs.create_key("client")
+
+
+def sse_events(response: httpx.Response) -> list[dict[str, object]]:
+    events = []
+    for block in response.text.split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: "), block
+            events.append(json.loads(block[len("data: "):]))
+    return events
+
+
+def test_request_returns_the_echo(setup) -> None:
+    _, coord, key = setup
+    response = coord.request(key, model="echo", prompt="hello  wide world ")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["output"] == "hello  wide world "
+    assert body["node_id"] == "echo-1" and body["task_id"]
+
+
+def test_streaming_chunks_join_to_the_prompt(setup) -> None:
+    _, coord, key = setup
+    prompt = " leading space, then words\tand tabs "
+    response = coord.request(key, model="echo", prompt=prompt, stream=True)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response)
+    deltas = [e["delta"] for e in events[:-1]]
+    assert len(deltas) > 3 and "".join(deltas) == prompt  # type: ignore[arg-type]
+    done = events[-1]
+    assert done["done"] is True and done["output"] == prompt and done["node_id"] == "echo-1"
+
+
+def test_rating_lifecycle(setup) -> None:
+    procs, coord, key = setup
+    task_id = coord.request(key, model="echo", prompt="rate me").json()["task_id"]
+    auth = {"Authorization": f"Bearer {key}"}
+    url = f"/api/v1/tasks/{task_id}/rating"
+    for bad in (0, 6, "5", 4.5, None):
+        r = coord.http.post(url, json={"score": bad}, headers=auth)
+        assert r.status_code == 422, (bad, r.text)
+        assert r.json()["error"]["code"] == "invalid_request"
+    other = procs.create_key("other")
+    r = coord.http.post(url, json={"score": 4}, headers={"Authorization": f"Bearer {other}"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    r = coord.http.post(url, json={"score": 4}, headers=auth)
+    assert r.status_code == 200 and r.json() == {"task_id": task_id, "score": 4}
+    r = coord.http.post(url, json={"score": 5}, headers=auth)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "already_rated"
+    r = coord.http.post("/api/v1/tasks/t-nope/rating", json={"score": 5}, headers=auth)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "task_not_found"
+
+
+def test_streamed_task_can_be_rated_right_after_done(setup) -> None:
+    _, coord, key = setup
+    done = sse_events(coord.request(key, model="echo", prompt="a b c", stream=True))[-1]
+    r = coord.http.post(
+        f"/api/v1/tasks/{done['task_id']}/rating",
+        json={"score": 5},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 200
+
+
+def test_status_nodes_healthz(setup) -> None:
+    _, coord, key = setup
+    assert coord.http.get("/healthz").json() == {"ok": True}
+    status = coord.status()
+    assert status["online_nodes"] == 1 and status["instances"] == 1 and status["in_flight"] == 0
+    assert isinstance(status["version"], str)
+    assert coord.http.get("/api/v1/nodes").status_code == 401
+    nodes = coord.http.get("/api/v1/nodes", headers={"Authorization": f"Bearer {key}"}).json()
+    [node] = nodes["nodes"]
+    assert node["node_id"] == "echo-1" and node["models"] == ["echo"] and node["instance_id"]
+
+
+def test_errors_are_json_with_the_interface_statuses(setup) -> None:
+    _, coord, key = setup
+    auth = {"Authorization": f"Bearer {key}"}
+    cases = [
+        ({}, b'{"model": "echo", "prompt": "x"}', 401, "unauthorized"),
+        ({"Authorization": "Bearer gn_unknown"}, b'{"model":"echo","prompt":"x"}', 401, "unauthorized"),
+        (auth, b'{"model": "echo", "prompt": ', 400, "malformed_json"),
+        (auth, b"", 400, "malformed_json"),
+        (auth, b'{"prompt": "no model"}', 422, "invalid_request"),
+        (auth, b'{"model": "echo", "prompt": "x", "stream": "yes"}', 422, "invalid_request"),
+        (auth, b'{"model": "echo", "prompt": "x", "timeout_s": -1}', 422, "invalid_request"),
+        (auth, b'["model", "echo"]', 422, "invalid_request"),
+        (auth, b'{"model": "echo", "prompt": "' + b"x" * (1024 * 1024 + 10) + b'"}', 413, "payload_too_large"),
+    ]
+    for headers, body, status, code in cases:
+        r = coord.http.post("/api/v1/request", content=body, headers=headers)
+        assert r.status_code == status, (body[:60], r.status_code, r.text[:200])
+        assert r.headers["content-type"].startswith("application/json")
+        assert r.json()["error"]["code"] == code
+        assert r.json()["error"]["message"]
+    r = coord.http.get("/no/such/thing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = coord.http.get("/api/v1/request")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_unserved_model_is_503_at_once(setup) -> None:
+    _, coord, key = setup
+    r = coord.request(key, model="no-such-model", prompt="x")
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "no_node_for_model"
+    assert int(r.headers["Retry-After"]) >= 1
+
+
+def test_rate_limit_is_429_with_retry_after(procs: Processes) -> None:
+    coord = procs.coordinator(GEMMANET_RATE_LIMIT="3/minute")
+    procs.node(coord, "echo-rl")
+    key = procs.create_key("limited")
+    statuses = [coord.request(key, model="echo", prompt="x").status_code for _ in range(5)]
+    assert statuses == [200, 200, 200, 429, 429]
+    r = coord.request(key, model="echo", prompt="x")
+    assert 1 <= int(r.headers["Retry-After"]) <= 60
+    assert r.json()["error"]["code"] == "rate_limited"
+    # Another key has its own budget.
+    assert coord.request(procs.create_key("other"), model="echo", prompt="x").status_code == 200
+
+
+def test_timeout_is_504(procs: Processes) -> None:
+    coord = procs.coordinator()
+    procs.node(coord, "slow", extra=("--latency-ms", "5000"))
+    key = procs.create_key("client")
+    r = coord.request(key, model="echo", prompt="x", timeout_s=0.5)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "task_timeout"
+    # The node's slot was freed by the cancel: a second request is placed, not refused busy.
+    r = coord.request(key, model="echo", prompt="y", timeout_s=0.5)
+    assert r.status_code == 504
+
+
+def test_openapi_document_lists_the_api(setup) -> None:
+    _, coord, _ = setup
+    doc = coord.http.get("/openapi.json").json()
+    assert {"/api/v1/request", "/api/v1/status", "/api/v1/nodes"} <= set(doc["paths"])
+    request_schema = json.dumps(doc)
+    assert "prompt" in request_schema and "timeout_s" in request_schema

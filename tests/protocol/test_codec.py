@@ -1,0 +1,252 @@
+"""The codec: valid envelopes round-trip, anything else is a ProtocolError and only that."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol import (
+    MAX_ENVELOPE_BYTES,
+    PROTOCOL_VERSION,
+    BusEnvelope,
+    Chunk,
+    EnvelopeTooLarge,
+    Heartbeat,
+    MalformedEnvelope,
+    NodeEnvelope,
+    ProtocolError,
+    UnsupportedVersion,
+    decode_bus,
+    decode_node,
+    encode,
+)
+from tests.protocol.strategies import (
+    bus_envelopes,
+    dumps,
+    hostile_text,
+    json_values,
+    near_envelopes,
+    node_envelopes,
+    strict_json_values,
+)
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ROUND_TRIP = settings(max_examples=150, deadline=None)
+DECODERS = [decode_node, decode_bus]
+
+
+def decodes_or_refuses(data: Any) -> None:
+    """Decode with both families; anything but success or a ProtocolError fails the test."""
+    for decode in DECODERS:
+        try:
+            decode(data)
+        except ProtocolError:
+            pass
+
+
+# --- round trips -------------------------------------------------------------------------------
+
+
+@ROUND_TRIP
+@given(node_envelopes)
+def test_node_envelopes_round_trip_as_bytes_and_text(envelope: NodeEnvelope) -> None:
+    data = encode(envelope)
+    assert decode_node(data) == envelope
+    assert decode_node(data.decode()) == envelope
+
+
+@ROUND_TRIP
+@given(bus_envelopes)
+def test_bus_envelopes_round_trip_as_bytes_and_text(envelope: BusEnvelope) -> None:
+    data = encode(envelope)
+    assert decode_bus(data) == envelope
+    assert decode_bus(data.decode()) == envelope
+
+
+def test_encoded_envelopes_carry_type_and_version() -> None:
+    assert json.loads(encode(Heartbeat(in_flight=2))) == {
+        "type": "heartbeat",
+        "v": PROTOCOL_VERSION,
+        "in_flight": 2,
+    }
+
+
+@ROUND_TRIP
+@given(node_envelopes | bus_envelopes, st.dictionaries(st.text(), strict_json_values, max_size=4))
+def test_unknown_extra_fields_are_ignored(
+    envelope: NodeEnvelope | BusEnvelope, extra: dict[str, Any]
+) -> None:
+    document = msgspec.to_builtins(envelope)
+    document.update({f"x-{key}": value for key, value in extra.items()})
+    decode = decode_bus if type(envelope).__name__.startswith("Bus") else decode_node
+    assert decode(dumps(document)) == envelope
+
+
+# --- hostile input -----------------------------------------------------------------------------
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_raise_protocol_error_only(data: bytes) -> None:
+    decodes_or_refuses(data)
+
+
+@FUZZ
+@given(hostile_text)
+def test_arbitrary_text_including_lone_surrogates_raises_protocol_error_only(text: str) -> None:
+    decodes_or_refuses(text)
+
+
+@FUZZ
+@given(json_values)
+def test_arbitrary_json_values_raise_protocol_error_only(value: Any) -> None:
+    decodes_or_refuses(dumps(value))
+    decodes_or_refuses(dumps(value).encode("utf-8", "surrogatepass"))
+
+
+@FUZZ
+@given(near_envelopes)
+def test_envelope_lookalikes_with_garbage_fields_raise_protocol_error_only(
+    document: dict[str, Any],
+) -> None:
+    decodes_or_refuses(dumps(document).encode("utf-8", "surrogatepass"))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xff\xfe\x00",
+        b'{"v":1,"type":"chunk","task_id":"t","seq":0,"delta":"\xed\xa0\x80"}',  # surrogate
+        '{"v":1,"type":"chunk","task_id":"t","seq":0,"delta":"\ud800"}',
+        '{"v":1,"type":"chunk","task_id":"t","seq":0,"delta":"\\ud800"}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"v":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"v":1,"type":"heartbeat","x":' + b'{"a":' * 50_000 + b"1" + b"}" * 50_001,
+        b'{"v":1,"type":"heartbeat","in_flight":1e400}',
+        b'{"v":1,"type":"heartbeat","in_flight":123456789012345678901234567890}',
+        b'{"v":1,"type":"assign","task_id":"t","model":"m","prompt":"p","timeout_s":NaN}',
+        b'{"v":1,"type":"assign","task_id":"t","model":"m","prompt":"p","timeout_s":Infinity}',
+        b'{"v":1,"type":"assign","task_id":"t","model":"m","prompt":"p","timeout_s":1e400}',
+        b'{"v":1,"type":"heartbeat"} trailing',
+        b'{"v":1,"type":"heartbeat","v":2}',
+        b'{"v":1,"type":"nope"}',
+        b'{"v":1}',
+        b'{"type":"heartbeat"}',
+        b"null",
+        b"1",
+        b'"hello"',
+        bytearray(b'{"v":1,"type":"nope"}'),
+        memoryview(b"\x00" * 10),
+        None,
+        12,
+        ["not", "bytes"],
+    ],
+    ids=repr,
+)
+def test_hostile_input_raises_protocol_error_only(data: Any) -> None:
+    for decode in DECODERS:
+        with pytest.raises(ProtocolError):
+            decode(data)
+
+
+def test_missing_version_is_malformed() -> None:
+    with pytest.raises(MalformedEnvelope, match="version"):
+        decode_node(b'{"type":"heartbeat"}')
+
+
+# --- versions ----------------------------------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers().filter(lambda v: v != PROTOCOL_VERSION)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+    | st.booleans()
+    | st.none(),
+    st.sampled_from(DECODERS),
+)
+def test_unknown_version_names_received_and_supported_versions(version: Any, decode: Any) -> None:
+    with pytest.raises(UnsupportedVersion) as caught:
+        decode(json.dumps({"v": version, "type": "heartbeat"}))
+    assert caught.value.received == version
+    assert caught.value.supported == PROTOCOL_VERSION
+    message = str(caught.value)
+    assert f"version {PROTOCOL_VERSION}" in message
+    assert repr(version)[:30] in message
+
+
+def test_unknown_version_of_an_unknown_type_is_still_a_version_error() -> None:
+    # A newer peer may add envelope types; the version is what the operator must be told about.
+    with pytest.raises(UnsupportedVersion, match=r"version 2; this side speaks version 1"):
+        decode_node(b'{"v":2,"type":"brand_new"}')
+
+
+def test_a_peer_controlled_version_cannot_flood_the_error_message() -> None:
+    with pytest.raises(UnsupportedVersion) as caught:
+        decode_node(json.dumps({"v": "x" * 100_000, "type": "heartbeat"}))
+    assert len(str(caught.value)) < 200
+    assert str(caught.value).endswith(f"version {PROTOCOL_VERSION}")
+
+
+# --- size limit --------------------------------------------------------------------------------
+
+
+def _chunk_of_size(size: int) -> bytes:
+    """A valid Chunk envelope of exactly ``size`` bytes."""
+    frame = encode(Chunk(task_id="t", seq=0, delta=""))
+    data = encode(Chunk(task_id="t", seq=0, delta="x" * (size - len(frame))))
+    assert len(data) == size
+    return data
+
+
+@pytest.mark.parametrize("limit", [64, 1000, MAX_ENVELOPE_BYTES])
+def test_an_envelope_of_exactly_the_limit_is_accepted(limit: int) -> None:
+    data = _chunk_of_size(limit)
+    assert isinstance(decode_node(data, limit=limit), Chunk)
+    assert isinstance(decode_node(data.decode(), limit=limit), Chunk)
+
+
+@pytest.mark.parametrize("limit", [64, 1000, MAX_ENVELOPE_BYTES])
+def test_one_byte_over_the_limit_is_refused(limit: int) -> None:
+    with pytest.raises(EnvelopeTooLarge) as caught:
+        decode_node(_chunk_of_size(limit + 1), limit=limit)
+    assert (caught.value.size, caught.value.limit) == (limit + 1, limit)
+
+
+def test_the_limit_is_enforced_before_parsing() -> None:
+    # Garbage would be MalformedEnvelope if it were parsed at all.
+    for decode in DECODERS:
+        with pytest.raises(EnvelopeTooLarge):
+            decode(b"\xff" * (MAX_ENVELOPE_BYTES + 1))
+
+
+def test_the_limit_counts_utf8_bytes_not_characters() -> None:
+    text = _chunk_of_size(100).decode().replace("xx", "é", 1)  # 99 chars, still 100 bytes
+    assert len(text) == 99
+    assert isinstance(decode_node(text, limit=100), Chunk)
+    with pytest.raises(EnvelopeTooLarge):
+        decode_node(text.replace("x", "é", 1), limit=100)
+
+
+# --- families ----------------------------------------------------------------------------------
+
+
+@ROUND_TRIP
+@given(bus_envelopes)
+def test_a_bus_envelope_is_not_a_node_envelope(envelope: BusEnvelope) -> None:
+    with pytest.raises(MalformedEnvelope):
+        decode_node(encode(envelope))
+
+
+@ROUND_TRIP
+@given(node_envelopes)
+def test_a_node_envelope_is_not_a_bus_envelope(envelope: NodeEnvelope) -> None:
+    with pytest.raises(MalformedEnvelope):
+        decode_bus(encode(envelope))

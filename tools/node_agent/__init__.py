@@ -1,0 +1,52 @@
+"""The ``gemmanet node`` agent.
+
+It connects out to a coordinator's ``/ws/node`` WebSocket, speaks node protocol v1, and runs the
+tasks it is assigned against a model backend (echo, Ollama, OpenAI-compatible).
+
+* ``cli`` - :func:`add_node_arguments` and :func:`run_node`, called by ``gemmanet node``.
+* ``agent`` - :class:`NodeAgent`: the connection, reconnect, heartbeat and drain logic.
+* ``backends`` - the model backends behind ``generate(model, prompt, stream)``.
+* ``settings`` - flag parsing and validation (:class:`NodeSettings`).
+"""
+
+from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent, backoff_delay
+from tools.node_agent.backends import (
+    Backend,
+    BackendError,
+    EchoBackend,
+    OllamaBackend,
+    OpenAIBackend,
+    make_backend,
+    split_words,
+)
+from tools.node_agent.cli import add_node_arguments, run_node, serve_node, settings_from_args
+from tools.node_agent.settings import (
+    Latency,
+    NodeSettings,
+    UsageError,
+    coordinator_ws_url,
+    parse_latency,
+)
+
+__all__ = [
+    "AgentConfig",
+    "AgentExit",
+    "Backend",
+    "BackendError",
+    "EchoBackend",
+    "Latency",
+    "NodeAgent",
+    "NodeSettings",
+    "OllamaBackend",
+    "OpenAIBackend",
+    "UsageError",
+    "add_node_arguments",
+    "backoff_delay",
+    "coordinator_ws_url",
+    "make_backend",
+    "parse_latency",
+    "run_node",
+    "serve_node",
+    "settings_from_args",
+    "split_words",
+]

@@ -1,0 +1,472 @@
+"""The node agent: one outbound WebSocket to the coordinator, tasks run against a backend.
+
+Lifetimes nest like this::
+
+    NodeAgent.run                  reconnect loop (exponential backoff, full jitter)
+      one connection               hello -> welcome, then a nursery of:
+        _sender                    the only writer of the socket (frames never interleave)
+        _heartbeats                Heartbeat(in_flight) every heartbeat_interval_s
+        _drain_watch               on drain: wait for running tasks, then close with 1000
+        _run_task (one per task)   own CancelScope, bounded by the task's timeout_s
+        _receive_loop              the body; a silent coordinator (3 intervals) ends it
+
+Losing the connection cancels that nursery, so the tasks of a lost connection die with it (the
+coordinator has already failed them). Close codes 4000 (replaced) and 4001 (bad token) end the
+agent with :class:`AgentExit`; any other loss reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from contextlib import aclosing
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Final
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
+
+from protocol import (
+    Assign,
+    Cancel,
+    Chunk,
+    Error,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Result,
+    Welcome,
+    decode_node,
+    encode,
+)
+from tools.node_agent.backends import Backend, BackendError
+
+__all__ = [
+    "AGENT_VERSION",
+    "AgentConfig",
+    "AgentExit",
+    "NodeAgent",
+    "backoff_delay",
+]
+
+log = logging.getLogger("gemmanet.node")
+
+CLOSE_NORMAL: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_REPLACED: Final = 4000
+CLOSE_AUTH_FAILED: Final = 4001
+CLOSE_PROTOCOL_ERROR: Final = 4002
+
+EXIT_REPLACED: Final = 3
+EXIT_AUTH_FAILED: Final = 4
+
+# Silence from the coordinator for this many heartbeat intervals means the link is dead.
+MISSED_HEARTBEATS: Final = 3
+_MAX_MESSAGE_CHARS: Final = 200
+
+
+def _agent_version() -> str:
+    try:
+        return f"gemmanet-node/{version('gemmanet')}"
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "gemmanet-node/0+unknown"
+
+
+AGENT_VERSION: Final = _agent_version()
+
+
+class AgentExit(Exception):
+    """The agent must stop and not reconnect; ``exit_code`` and a one-line ``message``."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    ws_url: str
+    node_id: str
+    token: str
+    models: tuple[str, ...]
+    max_parallel: int = 4
+    vram_gb: float | None = None
+    drain_s: float = 10.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    connect_timeout_s: float = 10.0
+    # Bounds the wait for Welcome after Hello, and for the peer's reply to our close frame.
+    handshake_timeout_s: float = 10.0
+    close_timeout_s: float = 2.0
+    agent_version: str = AGENT_VERSION
+
+
+def backoff_delay(attempt: int, rng: random.Random, *, initial_s: float, max_s: float) -> float:
+    """Full jitter: uniform in [0, min(max_s, initial_s * 2**attempt)]."""
+    ceiling = min(max_s, initial_s * math.pow(2.0, min(attempt, 64)))
+    return rng.uniform(0.0, ceiling)
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 1] + "…"
+
+
+class _CloseRequest:
+    """Queued behind every pending frame: the sender closes the socket when it gets here."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+
+
+_Outbound = Heartbeat | Chunk | Result | Error | _CloseRequest
+
+
+class NodeAgent:
+    """Serves tasks from one coordinator until drained (returns) or refused (AgentExit)."""
+
+    def __init__(self, config: AgentConfig, backend: Backend, *, rng: random.Random) -> None:
+        self.config = config
+        self.backend = backend
+        self._rng = rng
+        self._running: dict[str, trio.CancelScope] = {}
+        self._idle = trio.Event()
+        self._idle.set()
+        self._drain_requested = trio.Event()
+        self._hurry = False
+        self._grace_scope: trio.CancelScope | None = None
+        self._attempt_scope: trio.CancelScope | None = None
+        self._live = False
+        # Observable counters (logs, tests).
+        self.connections = 0
+        self.welcomes = 0
+
+    # --- control ---------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_requested.is_set()
+
+    def request_drain(self) -> None:
+        """Stop taking tasks; finish running ones within ``drain_s``; then close and return.
+
+        A second request skips what is left of the grace period.
+        """
+        if self._drain_requested.is_set():
+            self._hurry = True
+            if self._grace_scope is not None:
+                self._grace_scope.cancel()
+            return
+        self._drain_requested.set()
+        if not self._live and self._attempt_scope is not None:
+            # Not serving yet (connecting, handshaking): nothing to finish.
+            self._attempt_scope.cancel()
+
+    # --- reconnect loop --------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, serve, reconnect; returns after a drain, raises AgentExit on 4000/4001."""
+        task_status.started()
+        attempt = 0
+        while not self._drain_requested.is_set():
+            if await self._connect_once():
+                attempt = 0
+            if self._drain_requested.is_set():
+                break
+            delay = backoff_delay(
+                attempt,
+                self._rng,
+                initial_s=self.config.backoff_initial_s,
+                max_s=self.config.backoff_max_s,
+            )
+            attempt += 1
+            log.info("reconnecting in %.2f s (attempt %d)", delay, attempt)
+            with trio.move_on_after(delay):
+                await self._drain_requested.wait()
+        log.info("node %s stopped", self.config.node_id)
+
+    async def _connect_once(self) -> bool:
+        """One connection from dial to close; True when the coordinator welcomed us."""
+        welcomed = False
+        connection: WebSocketConnection | None = None
+        self.connections += 1
+        with trio.CancelScope() as attempt_scope:
+            self._attempt_scope = attempt_scope
+            try:
+                async with open_websocket_url(
+                    self.config.ws_url,
+                    connect_timeout=self.config.connect_timeout_s,
+                    disconnect_timeout=self.config.close_timeout_s,
+                ) as ws:
+                    connection = ws
+                    welcome = await self._handshake(ws)
+                    if welcome is not None:
+                        welcomed = True
+                        self.welcomes += 1
+                        await self._serve(ws, welcome)
+            except HandshakeError as exc:
+                if connection is None:
+                    log.warning(
+                        "cannot connect to %s: %s", self.config.ws_url, _short(repr(exc.__cause__ or exc))
+                    )
+            finally:
+                self._attempt_scope = None
+                self._live = False
+        if connection is not None:
+            self._raise_if_refused(connection)
+        return welcomed
+
+    def _raise_if_refused(self, ws: WebSocketConnection) -> None:
+        reason = ws.closed
+        code = reason.code if reason is not None else None
+        node = self.config.node_id
+        if code == CLOSE_REPLACED:
+            raise AgentExit(EXIT_REPLACED, f"replaced by a newer connection of node {node}")
+        if code == CLOSE_AUTH_FAILED:
+            raise AgentExit(
+                EXIT_AUTH_FAILED, f"authentication failed for node {node}: check --token"
+            )
+        if reason is not None and code != CLOSE_NORMAL:
+            log.warning("connection closed: %s %s", code, reason.reason or "")
+        elif reason is not None and not self._drain_requested.is_set():
+            log.warning("coordinator closed the connection")
+
+    # --- one connection --------------------------------------------------------------------
+
+    async def _handshake(self, ws: WebSocketConnection) -> Welcome | None:
+        hello = Hello(
+            node_id=self.config.node_id,
+            token=self.config.token,
+            models=list(self.config.models),
+            max_parallel=self.config.max_parallel,
+            vram_gb=self.config.vram_gb,
+            agent_version=self.config.agent_version,
+        )
+        try:
+            with trio.fail_after(self.config.handshake_timeout_s):
+                await ws.send_message(encode(hello).decode())
+                while True:
+                    envelope = decode_node(await ws.get_message())
+                    if isinstance(envelope, Welcome):
+                        return envelope
+                    log.debug("ignoring %s before welcome", type(envelope).__name__)
+        except ConnectionClosed:
+            return None
+        except trio.TooSlowError:
+            log.warning("no welcome within %.1f s", self.config.handshake_timeout_s)
+            await self._close(ws, CLOSE_GOING_AWAY, "no welcome")
+        except ProtocolError as exc:
+            log.warning("bad frame during handshake: %s", _short(str(exc)))
+            await self._close(ws, CLOSE_PROTOCOL_ERROR, "protocol error")
+        return None
+
+    async def _close(self, ws: WebSocketConnection, code: int, reason: str) -> None:
+        with trio.move_on_after(self.config.close_timeout_s):
+            await ws.aclose(code, reason)
+
+    async def _serve(self, ws: WebSocketConnection, welcome: Welcome) -> None:
+        interval = max(float(welcome.heartbeat_interval_s), 0.01)
+        log.info(
+            "connected to %s as node %s (instance %s, conn %s, heartbeat %.1f s)",
+            self.config.ws_url,
+            self.config.node_id,
+            welcome.instance_id,
+            welcome.conn_id,
+            interval,
+        )
+        outbox_send, outbox_recv = trio.open_memory_channel[_Outbound](
+            4 * self.config.max_parallel + 16
+        )
+        async with trio.open_nursery() as nursery:
+            self._live = True
+            nursery.start_soon(self._sender, ws, outbox_recv, nursery.cancel_scope)
+            nursery.start_soon(self._heartbeats, outbox_send, interval)
+            nursery.start_soon(self._drain_watch, outbox_send)
+            await self._receive_loop(ws, outbox_send, nursery, interval)
+            nursery.cancel_scope.cancel()
+        self._live = False
+
+    async def _sender(
+        self,
+        ws: WebSocketConnection,
+        outbox: trio.MemoryReceiveChannel[_Outbound],
+        connection_scope: trio.CancelScope,
+    ) -> None:
+        # A task cancelled mid-write would leave a torn frame; queueing makes a cancelled task
+        # either enqueue a whole frame or none, and only this task touches the socket.
+        try:
+            async for item in outbox:
+                if isinstance(item, _CloseRequest):
+                    await self._close(ws, item.code, item.reason)
+                    break
+                await ws.send_message(encode(item).decode())
+        except ConnectionClosed:
+            pass
+        connection_scope.cancel()
+
+    async def _heartbeats(
+        self, outbox: trio.MemorySendChannel[_Outbound], interval: float
+    ) -> None:
+        while True:
+            await trio.sleep(interval)
+            await outbox.send(Heartbeat(in_flight=len(self._running)))
+
+    async def _receive_loop(
+        self,
+        ws: WebSocketConnection,
+        outbox: trio.MemorySendChannel[_Outbound],
+        nursery: trio.Nursery,
+        interval: float,
+    ) -> None:
+        silence_s = MISSED_HEARTBEATS * interval
+        while True:
+            try:
+                with trio.fail_after(silence_s):
+                    raw = await ws.get_message()
+            except ConnectionClosed:
+                return
+            except trio.TooSlowError:
+                log.warning("nothing from the coordinator for %.1f s; reconnecting", silence_s)
+                await self._close(ws, CLOSE_GOING_AWAY, "heartbeat timeout")
+                return
+            try:
+                envelope = decode_node(raw)
+            except ProtocolError as exc:
+                # A frame we cannot read (e.g. a newer peer's message type): skip it rather
+                # than drop every task of the connection.
+                log.warning("ignoring bad frame from coordinator: %s", _short(str(exc)))
+                continue
+            if isinstance(envelope, Assign):
+                await self._on_assign(envelope, outbox, nursery)
+            elif isinstance(envelope, Cancel):
+                scope = self._running.get(envelope.task_id)
+                if scope is not None:
+                    log.info("task %s cancelled by coordinator", envelope.task_id)
+                    scope.cancel()
+            elif isinstance(envelope, Heartbeat):
+                pass
+            elif isinstance(envelope, Error):
+                log.warning(
+                    "coordinator reports %s: %s", envelope.code, _short(envelope.message)
+                )
+            else:
+                log.debug("ignoring unexpected %s", type(envelope).__name__)
+
+    # --- tasks -----------------------------------------------------------------------------
+
+    async def _on_assign(
+        self,
+        assign: Assign,
+        outbox: trio.MemorySendChannel[_Outbound],
+        nursery: trio.Nursery,
+    ) -> None:
+        task_id = assign.task_id
+        refusal: tuple[str, str] | None = None
+        if self._drain_requested.is_set():
+            refusal = ("node_draining", f"node {self.config.node_id} is shutting down")
+        elif task_id in self._running:
+            log.warning("ignoring duplicate assign of running task %s", task_id)
+            return
+        elif assign.model not in self.config.models:
+            refusal = (
+                "model_not_served",
+                f"node {self.config.node_id} does not serve model {assign.model!r}",
+            )
+        elif len(self._running) >= self.config.max_parallel:
+            refusal = (
+                "node_busy",
+                (
+                    f"node {self.config.node_id} already runs {len(self._running)} task(s) "
+                    f"(max_parallel {self.config.max_parallel})"
+                ),
+            )
+        if refusal is not None:
+            await outbox.send(Error(task_id=task_id, code=refusal[0], message=_short(refusal[1])))
+            return
+        scope = trio.CancelScope()
+        self._running[task_id] = scope
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        nursery.start_soon(self._run_task, assign, scope, outbox, name=f"task {task_id}")
+
+    async def _run_task(
+        self,
+        assign: Assign,
+        scope: trio.CancelScope,
+        outbox: trio.MemorySendChannel[_Outbound],
+    ) -> None:
+        try:
+            with scope:
+                await self._execute(assign, outbox)
+        finally:
+            self._running.pop(assign.task_id, None)
+            if not self._running:
+                self._idle.set()
+
+    async def _execute(self, assign: Assign, outbox: trio.MemorySendChannel[_Outbound]) -> None:
+        task_id = assign.task_id
+        parts: list[str] = []
+        try:
+            with trio.fail_after(max(float(assign.timeout_s), 0.0)):
+                generator = self.backend.generate(assign.model, assign.prompt, assign.stream)
+                async with aclosing(generator) as deltas:  # type: ignore[type-var]
+                    async for delta in deltas:
+                        if not delta:
+                            continue
+                        if assign.stream:
+                            await outbox.send(Chunk(task_id=task_id, seq=len(parts), delta=delta))
+                        parts.append(delta)
+        except trio.TooSlowError:
+            message = f"backend did not finish within {assign.timeout_s:g} s"
+            await outbox.send(Error(task_id=task_id, code="backend_timeout", message=message))
+            return
+        except BackendError as exc:
+            log.warning("task %s failed: %s", task_id, exc)
+            await outbox.send(
+                Error(task_id=task_id, code="backend_error", message=_short(str(exc)))
+            )
+            return
+        except Exception as exc:  # a backend bug must not take the node down
+            log.exception("task %s: backend crashed", task_id)
+            message = _short(f"{type(exc).__name__}: {exc}")
+            await outbox.send(Error(task_id=task_id, code="backend_error", message=message))
+            return
+        chunks = len(parts) if assign.stream else 0
+        await outbox.send(Result(task_id=task_id, output="".join(parts), chunks=chunks))
+
+    # --- drain -----------------------------------------------------------------------------
+
+    async def _wait_idle(self) -> None:
+        while self._running:
+            await self._idle.wait()
+
+    async def _drain_watch(self, outbox: trio.MemorySendChannel[_Outbound]) -> None:
+        await self._drain_requested.wait()
+        log.info(
+            "draining: %d task(s) running, up to %.1f s to finish",
+            len(self._running),
+            self.config.drain_s,
+        )
+        with trio.move_on_after(0 if self._hurry else self.config.drain_s) as grace:
+            self._grace_scope = grace
+            await self._wait_idle()
+        self._grace_scope = None
+        if self._running:
+            log.warning("drain grace over: cancelling %d task(s)", len(self._running))
+            for scope in list(self._running.values()):
+                scope.cancel()
+            await self._wait_idle()
+        await outbox.send(_CloseRequest(CLOSE_NORMAL, "node shutting down"))

@@ -1,0 +1,259 @@
+"""Model backends of the node agent, one small class each behind one interface.
+
+``generate(model, prompt, stream)`` is an async generator of output deltas: the agent sends each
+delta as a Chunk when the task streams, and joins them into the Result either way. Every failure
+of the model server surfaces as :class:`BackendError` with a short, loggable message; anything
+else escaping a backend is a bug. Backends own their HTTP client and are closed with ``aclose``.
+
+* :class:`EchoBackend` - the reference model: answers with exactly the prompt.
+* :class:`OllamaBackend` - ``POST /api/generate``, NDJSON stream.
+* :class:`OpenAIBackend` - ``POST /v1/chat/completions``, server-sent events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import httpx
+import trio
+
+from tools.node_agent.settings import (
+    DEFAULT_OLLAMA_URL,
+    DEFAULT_OPENAI_URL,
+    Latency,
+    NodeSettings,
+)
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "EchoBackend",
+    "OllamaBackend",
+    "OpenAIBackend",
+    "make_backend",
+    "split_words",
+]
+
+# One word plus the whitespace after it; leading whitespace is a piece of its own.
+_WORD_RE = re.compile(r"^\s+|\S+\s*")
+_MAX_ERROR_CHARS = 200
+
+
+class BackendError(Exception):
+    """The model server failed, refused, or spoke something we cannot read."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def split_words(text: str) -> list[str]:
+    """Split ``text`` into word-plus-trailing-whitespace pieces that join back to it exactly."""
+    return _WORD_RE.findall(text)
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
+
+
+class EchoBackend:
+    """Answers with the prompt after a (possibly random) latency; streams it word by word."""
+
+    name = "echo"
+
+    def __init__(
+        self,
+        *,
+        latency: Latency | None = None,
+        chunk_delay_s: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.latency = latency if latency is not None else Latency()
+        self.chunk_delay_s = chunk_delay_s
+        self._rng = rng if rng is not None else random.Random()
+
+    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+        delay = self.latency.sample_s(self._rng)
+        if delay > 0:
+            await trio.sleep(delay)
+        if not stream:
+            if prompt:
+                yield prompt
+            return
+        for index, piece in enumerate(split_words(prompt)):
+            if index and self.chunk_delay_s > 0:
+                await trio.sleep(self.chunk_delay_s)
+            yield piece
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _HttpBackend:
+    """Shared HTTP plumbing: one client, no read timeout (the task's timeout_s bounds it)."""
+
+    name = "http"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=connect_timeout_s),
+            transport=transport,
+            headers=headers,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _describe(self, exc: httpx.HTTPError) -> str:
+        if isinstance(exc, httpx.ConnectError):
+            return f"{self.name}: cannot connect to {self.base_url}"
+        if isinstance(exc, httpx.TimeoutException):
+            return f"{self.name}: timed out talking to {self.base_url}"
+        if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError)):
+            return f"{self.name}: connection to {self.base_url} lost mid-response"
+        return _short(f"{self.name}: {type(exc).__name__}: {exc}")
+
+    async def _status_error(self, response: httpx.Response) -> BackendError:
+        detail = ""
+        try:
+            body = (await response.aread())[:4096]
+            payload: Any = json.loads(body)
+            error = payload.get("error") if isinstance(payload, dict) else None
+            if isinstance(error, dict):
+                error = error.get("message")
+            detail = str(error) if error else body.decode("utf-8", "replace")
+        except (ValueError, httpx.HTTPError):
+            pass
+        reason = f"{self.name}: HTTP {response.status_code}"
+        return BackendError(_short(f"{reason}: {detail}" if detail else reason))
+
+
+class OllamaBackend(_HttpBackend):
+    """Ollama's ``POST /api/generate``, reading its NDJSON stream to the ``done`` record."""
+
+    name = "ollama"
+
+    def __init__(self, base_url: str = DEFAULT_OLLAMA_URL, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+
+    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+        # Always stream from the server, even for a non-streaming task: the agent joins the
+        # deltas, and a cancelled task stops generation at once by dropping the connection.
+        body = {"model": model, "prompt": prompt, "stream": True}
+        try:
+            async with self._client.stream(
+                "POST", f"{self.base_url}/api/generate", json=body
+            ) as response:
+                if response.status_code != 200:
+                    raise await self._status_error(response)
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        raise BackendError(f"ollama: malformed stream line {_short(line)!r}")
+                    if not isinstance(record, dict):
+                        raise BackendError(f"ollama: malformed stream line {_short(line)!r}")
+                    if record.get("error"):
+                        raise BackendError(_short(f"ollama: {record['error']}"))
+                    piece = record.get("response")
+                    if isinstance(piece, str) and piece:
+                        yield piece
+                    if record.get("done"):
+                        return
+                raise BackendError("ollama: stream ended before the final done record")
+        except httpx.HTTPError as exc:
+            raise BackendError(self._describe(exc)) from exc
+
+
+class OpenAIBackend(_HttpBackend):
+    """An OpenAI-compatible ``POST /v1/chat/completions`` with ``stream: true`` (SSE)."""
+
+    name = "openai"
+
+    def __init__(
+        self, base_url: str = DEFAULT_OPENAI_URL, *, api_key: str | None = None, **kwargs: Any
+    ) -> None:
+        base_url = base_url.rstrip("/")
+        # Accept both http://host:port and http://host:port/v1 as the server's address.
+        base_url = base_url.removesuffix("/v1")
+        if api_key is None:
+            api_key = os.environ.get("OPENAI_API_KEY") or None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        super().__init__(base_url, headers=headers, **kwargs)
+
+    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+        }
+        finished = False
+        try:
+            async with self._client.stream(
+                "POST",
+                f"{self.base_url}/v1/chat/completions",
+                json=body,
+                headers={"Accept": "text/event-stream"},
+            ) as response:
+                if response.status_code != 200:
+                    raise await self._status_error(response)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, ": comments", "event:" / "id:" fields
+                    data = line[len("data:") :].strip()
+                    if data == "[DONE]":
+                        return
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        raise BackendError(f"openai: malformed event {_short(data)!r}")
+                    if not isinstance(event, dict):
+                        raise BackendError(f"openai: malformed event {_short(data)!r}")
+                    if event.get("error"):
+                        error = event["error"]
+                        message = error.get("message") if isinstance(error, dict) else error
+                        raise BackendError(_short(f"openai: {message}"))
+                    for choice in event.get("choices") or ():
+                        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                            continue
+                        delta = choice.get("delta") or {}
+                        content = delta.get("content") if isinstance(delta, dict) else None
+                        if isinstance(content, str) and content:
+                            yield content
+                        if choice.get("finish_reason"):
+                            finished = True
+                if not finished:
+                    raise BackendError("openai: stream ended before [DONE]")
+        except httpx.HTTPError as exc:
+            raise BackendError(self._describe(exc)) from exc
+
+
+def make_backend(settings: NodeSettings, *, rng: random.Random) -> Backend:
+    """The backend ``settings`` asks for; ``rng`` drives the echo backend's latency."""
+    if settings.backend == "echo":
+        return EchoBackend(latency=settings.latency, chunk_delay_s=settings.chunk_delay_s, rng=rng)
+    if settings.backend == "ollama":
+        return OllamaBackend(settings.backend_url or DEFAULT_OLLAMA_URL)
+    if settings.backend == "openai":
+        return OpenAIBackend(settings.backend_url or DEFAULT_OPENAI_URL)
+    raise ValueError(f"unknown backend {settings.backend!r}")

@@ -1,0 +1,177 @@
+"""``gemmanet node``: flags, validation, signal handling, exit codes.
+
+Exit codes: 0 drained after SIGINT/SIGTERM, 2 bad flag value, 3 replaced by a newer connection
+of the same node identity (close 4000), 4 authentication failed (close 4001).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+
+import trio
+
+from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent
+from tools.node_agent.backends import make_backend
+from tools.node_agent.settings import (
+    BACKENDS,
+    DEFAULT_DRAIN_S,
+    DEFAULT_MAX_PARALLEL,
+    DEFAULT_OLLAMA_URL,
+    DEFAULT_OPENAI_URL,
+    NodeSettings,
+    UsageError,
+)
+
+EXIT_USAGE = 2
+TOKEN_ENV = "GEMMANET_NODE_TOKEN"
+log = logging.getLogger("gemmanet.node")
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``gemmanet node`` flags on ``parser`` (values are checked by run_node)."""
+    parser.add_argument(
+        "--coordinator", required=True, metavar="URL",
+        help="coordinator base URL, e.g. http://127.0.0.1:8000 (the agent dials ws://…/ws/node; "
+        "https gives wss)",
+    )
+    parser.add_argument("--node-id", required=True, metavar="ID", help="this node's identity")
+    parser.add_argument(
+        "--token", default=None, metavar="TOKEN",
+        help=f"node token from `gemmanet nodes enroll` (default: ${TOKEN_ENV}, which keeps it "
+        "out of the process list)",
+    )
+    parser.add_argument(
+        "--model", dest="models", action="append", required=True, metavar="NAME",
+        help="a model this node serves; repeat for several",
+    )
+    parser.add_argument(
+        "--backend", required=True, choices=BACKENDS,
+        help="echo: answers with the prompt (reference model for tests); ollama: Ollama's "
+        "/api/generate; openai: an OpenAI-compatible /v1/chat/completions server (vLLM, "
+        "llama.cpp, LM Studio...; API key from $OPENAI_API_KEY)",
+    )
+    parser.add_argument(
+        "--backend-url", default=None, metavar="URL",
+        help=f"model server base URL (default: ollama {DEFAULT_OLLAMA_URL}, openai "
+        f"{DEFAULT_OPENAI_URL}; a trailing /v1 is accepted)",
+    )
+    parser.add_argument(
+        "--latency-ms", default="0", metavar="N|MIN-MAX",
+        help="echo backend: answer after N ms, or uniform in MIN-MAX ms (default 0)",
+    )
+    parser.add_argument(
+        "--chunk-delay-ms", default="0", metavar="N",
+        help="echo backend: pause between streamed chunks (default 0)",
+    )
+    parser.add_argument(
+        "--max-parallel", default=str(DEFAULT_MAX_PARALLEL), metavar="N",
+        help=f"tasks run at once; more are refused with node_busy (default {DEFAULT_MAX_PARALLEL})",
+    )
+    parser.add_argument("--vram-gb", default=None, metavar="X", help="advertised GPU memory")
+    parser.add_argument(
+        "--drain-s", default=str(DEFAULT_DRAIN_S), metavar="S",
+        help="on SIGINT/SIGTERM, let running tasks finish for up to S seconds, then cancel them "
+        f"and exit 0 (default {DEFAULT_DRAIN_S:g}; a second signal cuts it short)",
+    )
+    parser.add_argument(
+        "--seed", default=None, metavar="N",
+        help="seed of the echo latency and reconnect jitter (default: random)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> NodeSettings:
+    token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV)
+    return NodeSettings.parse(
+        coordinator=getattr(args, "coordinator", None),
+        node_id=getattr(args, "node_id", None),
+        token=token,
+        models=getattr(args, "models", None) or getattr(args, "model", None),
+        backend=getattr(args, "backend", "echo"),
+        backend_url=getattr(args, "backend_url", None),
+        latency_ms=getattr(args, "latency_ms", "0"),
+        max_parallel=getattr(args, "max_parallel", DEFAULT_MAX_PARALLEL),
+        vram_gb=getattr(args, "vram_gb", None),
+        chunk_delay_ms=getattr(args, "chunk_delay_ms", "0"),
+        drain_s=getattr(args, "drain_s", DEFAULT_DRAIN_S),
+        seed=getattr(args, "seed", None),
+    )
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            format="%(asctime)s gemmanet node %(levelname)s %(message)s",
+            stream=sys.stderr,
+        )
+
+
+async def _watch_signals(agent: NodeAgent) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("got %s", signal.Signals(signum).name)
+            agent.request_drain()
+
+
+async def serve_node(settings: NodeSettings, *, handle_signals: bool = True) -> int:
+    """Run one agent until it drains (0) or is refused (3, 4); prints why on stderr."""
+    seed = settings.seed if settings.seed is not None else random.SystemRandom().getrandbits(64)
+    # One generator per subsystem, so echo latency draws do not shift the reconnect jitter.
+    backend = make_backend(settings, rng=random.Random(f"{seed}:backend"))
+    agent = NodeAgent(
+        AgentConfig(
+            ws_url=settings.ws_url,
+            node_id=settings.node_id,
+            token=settings.token,
+            models=settings.models,
+            max_parallel=settings.max_parallel,
+            vram_gb=settings.vram_gb,
+            drain_s=settings.drain_s,
+        ),
+        backend,
+        rng=random.Random(f"{seed}:reconnect"),
+    )
+    refused: AgentExit | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            if handle_signals:
+                nursery.start_soon(_watch_signals, agent)
+            try:
+                await agent.run()
+            except AgentExit as exc:
+                refused = exc
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            await backend.aclose()
+    if refused is not None:
+        print(f"gemmanet node: {refused.message}", file=sys.stderr, flush=True)
+        return refused.exit_code
+    return 0
+
+
+def run_node(args: argparse.Namespace) -> int:
+    """Blocking entry point of ``gemmanet node``; returns the process exit code."""
+    try:
+        settings = settings_from_args(args)
+    except UsageError as exc:
+        print(f"gemmanet node: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    _configure_logging()
+    handle_signals = threading.current_thread() is threading.main_thread()
+    return trio.run(serve_node, settings, handle_signals)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.node_agent", description="Run a GemmaNet node agent."
+    )
+    add_node_arguments(parser)
+    return run_node(parser.parse_args(argv))
