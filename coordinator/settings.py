@@ -82,8 +82,8 @@ class Settings:
             bus=bus,
             key_prefix=prefix,
             rate_limit=parse_rate_limit(env.get("GEMMANET_RATE_LIMIT", "60/minute")),
-            task_timeout_s=_number(env, "GEMMANET_TASK_TIMEOUT_S", 120.0, minimum=0.1),
-            heartbeat_interval_s=_number(env, "GEMMANET_HEARTBEAT_S", 2.0, minimum=0.05),
+            task_timeout_s=min(_number(env, "GEMMANET_TASK_TIMEOUT_S", 120.0, minimum=0.1), 3600.0),
+            heartbeat_interval_s=min(_number(env, "GEMMANET_HEARTBEAT_S", 2.0, minimum=0.05), 60.0),
         )
         instance_id = env.get("GEMMANET_INSTANCE_ID", "").strip()
         if instance_id:

@@ -142,9 +142,11 @@ class BusAssign(_Envelope, tag="bus.assign", frozen=True, kw_only=True):
 
 
 class BusChunk(_Envelope, tag="bus.chunk", frozen=True, kw_only=True):
-    """owner -> requester: a chunk of a task the requester waits for."""
+    """owner -> requester: a chunk of a task the requester waits for. ``conn_id`` is the node
+    connection that produced it; the requester checks it is the one it assigned."""
 
     task_id: Identifier
+    conn_id: Identifier
     seq: Count
     delta: str
 
@@ -154,6 +156,7 @@ class BusResult(_Envelope, tag="bus.result", frozen=True, kw_only=True):
 
     task_id: Identifier
     node_id: Identifier
+    conn_id: Identifier
     output: str | None = None
     chunks: Count = 0
     failure: TaskFailure | None = None
@@ -164,6 +167,7 @@ class BusNodeGone(_Envelope, tag="bus.node_gone", frozen=True, kw_only=True):
 
     task_id: Identifier
     node_id: Identifier
+    conn_id: Identifier
     reason: str = ""
 
 

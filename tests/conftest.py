@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.redis_server",
     "tests.fixtures.processes",
     "tests.fixtures.databases",
+    "tests.fixtures.fake_servers",
 ]

@@ -51,7 +51,10 @@ def install_error_handlers(app: Quart) -> None:
             405: "method not allowed on this endpoint",
             413: "request body exceeds the size limit",
         }.get(status, exc.description or code)
-        return error_response(status, code, message)
+        # A 413 is sent before the body was read; the connection cannot carry another
+        # request (the rest of the body is still on the wire), so tell the client to close it.
+        headers = {"Connection": "close"} if status == 413 else {}
+        return error_response(status, code, message, headers)
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Any:

@@ -5,11 +5,36 @@ number of instances share one Redis/Valkey. Both honour the same semantics, prov
 contract suite in tests/coordinator/test_coordination_contract.py.
 """
 
+from typing import TYPE_CHECKING
+
 from coordinator.coordination.base import (
     Coordination,
     CoordinationUnavailable,
     RateDecision,
     Subscription,
 )
+from coordinator.coordination.factory import create_coordination
+from coordinator.coordination.memory import MemoryCoordination, MemoryState
 
-__all__ = ["Coordination", "CoordinationUnavailable", "RateDecision", "Subscription"]
+if TYPE_CHECKING:
+    from coordinator.coordination.redis import RedisCoordination
+
+__all__ = [
+    "Coordination",
+    "CoordinationUnavailable",
+    "MemoryCoordination",
+    "MemoryState",
+    "RateDecision",
+    "RedisCoordination",
+    "Subscription",
+    "create_coordination",
+]
+
+
+def __getattr__(name: str) -> object:
+    # RedisCoordination imports coredis (~0.25 s); load it only when someone asks for it.
+    if name == "RedisCoordination":
+        from coordinator.coordination.redis import RedisCoordination
+
+        return RedisCoordination
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -263,23 +263,21 @@ class MemoryState:
 
 
 class MemorySubscription(Subscription):
-    """One subscriber's bounded buffer."""
+    """One subscriber's bounded buffer. Iteration ends when the block or the backend closes."""
 
     def __init__(self, receive: trio.MemoryReceiveChannel[bytes]) -> None:
         self._receive = receive
         #: messages this subscriber lost because its buffer was full
         self.dropped = 0
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._iterate()
+    def __aiter__(self) -> MemorySubscription:
+        return self
 
-    async def _iterate(self) -> AsyncIterator[bytes]:
+    async def __anext__(self) -> bytes:
         try:
-            async for payload in self._receive:
-                yield payload
-        except trio.ClosedResourceError:
-            # The subscription block ended while something was still iterating.
-            return
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
 
 
 class MemoryCoordination(Coordination):
@@ -298,7 +296,8 @@ class MemoryCoordination(Coordination):
         self.state = state if state is not None else MemoryState(clock)
         self._subscriber_buffer = subscriber_buffer
         self._closed = False
-        self._open_senders: set[trio.MemorySendChannel[bytes]] = set()
+        # send side of each open subscription -> (channel, token), to unregister on aclose
+        self._open: dict[trio.MemorySendChannel[bytes], tuple[str, int]] = {}
 
     async def __aenter__(self) -> Self:
         return self
@@ -376,12 +375,12 @@ class MemoryCoordination(Coordination):
             return True
 
         token = state.add_subscriber(channel, offer)
-        self._open_senders.add(send)
+        self._open[send] = (channel, token)
         try:
             yield subscription
         finally:
             state.remove_subscriber(channel, token)
-            self._open_senders.discard(send)
+            self._open.pop(send, None)
             send.close()
             receive.close()
 
@@ -395,7 +394,9 @@ class MemoryCoordination(Coordination):
 
     async def aclose(self) -> None:
         self._closed = True
-        # Subscribers see their iteration end (shutdown), not an error.
-        for send in list(self._open_senders):
+        # Like a closed Redis connection: the subscriptions leave the (possibly shared) state,
+        # and their iteration ends (shutdown, not an error).
+        for send, (channel, token) in list(self._open.items()):
+            self.state.remove_subscriber(channel, token)
             send.close()
-        self._open_senders.clear()
+        self._open.clear()

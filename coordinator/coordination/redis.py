@@ -36,7 +36,7 @@ import anyio
 import trio
 from coredis import BaseConnection, ConnectionPool
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import NoScriptError, RedisError
+from coredis.exceptions import NoScriptError, RedisError, ResponseError, WrongTypeError
 
 from coordinator.coordination.base import (
     Coordination,
@@ -69,6 +69,8 @@ _FAILURES: tuple[type[BaseException], ...] = (
     trio.ClosedResourceError,
 )
 
+_KEEPALIVE_FAILURES: tuple[type[BaseException], ...] = (trio.TooSlowError, *_FAILURES)
+
 DEFAULT_SUBSCRIBER_BUFFER = 10_000
 _SCAN_COUNT = 1000
 
@@ -95,6 +97,67 @@ def _ttl_ms(ttl_s: float | None) -> str:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "\\*?[]" else ch for ch in text)
+
+
+def _describe(exc: BaseException) -> str:
+    """The message plus its root cause, which coredis wraps ("Unable to establish a connection"
+    hides "certificate verify failed" or "Connection refused")."""
+    text = str(exc) or type(exc).__name__
+    root: BaseException = exc
+    seen = {id(exc)}
+    while True:
+        if isinstance(root, BaseExceptionGroup) and root.exceptions:
+            nxt: BaseException | None = root.exceptions[0]
+        else:
+            nxt = root.__cause__ or root.__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        root = nxt
+    if root is not exc and str(root) and str(root) not in text:
+        text += f" ({type(root).__name__}: {root})"
+    return text
+
+
+def _misuse(exc: ResponseError, what: str) -> Exception | None:
+    """Errors that are the caller's fault, raised like the memory backend raises them."""
+    if isinstance(exc, WrongTypeError):
+        return TypeError(f"{what}: the key holds another kind of value ({exc})")
+    if "not an integer" in str(exc):
+        return ValueError(f"{what}: the value is not an integer ({exc})")
+    return None
+
+
+def _caused_by_cancellation(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, trio.Cancelled):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
+
+
+class _QuietConnectionFailures(logging.Filter):
+    """coredis logs every failed or lost connection with a traceback, at ERROR for failures in
+    its handshake; this backend reports those as CoordinationUnavailable instead, so an outage
+    does not flood the log with one traceback per operation."""
+
+    _MESSAGES = frozenset(
+        {"Connection attempt failed unexpectedly!", "Connection closed unexpectedly!"}
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self._MESSAGES
+
+
+logging.getLogger("coredis").addFilter(_QuietConnectionFailures())
 
 
 def _is_failure(exc: BaseException) -> bool:
@@ -130,6 +193,7 @@ class RedisSubscription(Subscription):
     def __init__(self, owner: RedisCoordination, channel: str, buffer: int) -> None:
         self._owner = owner
         self._channel = channel
+        self._channel_bytes = owner._name(channel).encode()
         self._send, self._receive = trio.open_memory_channel[bytes](buffer)
         self._connection: BaseConnection | None = None
         self._subscribed = trio.Event()  # set on the SUBSCRIBE ack, or when the pump ends
@@ -171,7 +235,7 @@ class RedisSubscription(Subscription):
                 raise RedisConnectionError("subscription has no connection")
             with trio.fail_after(self._owner.op_timeout_s):
                 await connection.create_request(b"PING", decode=False)
-        except (trio.TooSlowError, *_FAILURES) as exc:
+        except _KEEPALIVE_FAILURES as exc:
             if connection is not None:
                 connection.invalidate("subscription keepalive failed")
             raise CoordinationUnavailable(
@@ -189,9 +253,11 @@ class RedisSubscription(Subscription):
         try:
             async for push in connection.push_messages:
                 kind = push[0]
+                payload = push[2] if len(push) > 2 else None
                 if kind == b"message" and push[1] == self._channel_bytes:
+                    assert isinstance(payload, bytes)
                     try:
-                        self._send.send_nowait(push[2])
+                        self._send.send_nowait(payload)
                     except trio.WouldBlock:
                         self.dropped += 1
                 elif kind == b"subscribe":
@@ -207,10 +273,6 @@ class RedisSubscription(Subscription):
             self._subscribed.set()
             self._unsubscribed.set()
             self._send.close()
-
-    @property
-    def _channel_bytes(self) -> bytes:
-        return self._owner._name(self._channel).encode()
 
 
 class RedisCoordination(Coordination):
@@ -275,6 +337,11 @@ class RedisCoordination(Coordination):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def open_connections(self) -> int:
+        """Live connections: the shared one plus one per subscription (for diagnostics)."""
+        return len(self._live)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -348,7 +415,7 @@ class RedisCoordination(Coordination):
         probe = _TaskStatusProbe(task_status)
         self._live.add(connection)
         try:
-            await connection.run(task_status=probe)  # type: ignore[arg-type]
+            await connection.run(task_status=probe)
         except Exception as exc:
             if not probe.started_called:
                 raise  # nursery.start hands it to the caller
@@ -392,21 +459,31 @@ class RedisCoordination(Coordination):
     async def _guarded(self, what: str, operation: Callable[[_Operation], Awaitable[T]]) -> T:
         self._require_nursery()
         op = _Operation()
+        scope = trio.move_on_after(self.op_timeout_s)
         try:
-            with trio.fail_after(self.op_timeout_s):
+            with scope:
                 return await operation(op)
-        except trio.TooSlowError:
-            if op.waiting_on is not None:
-                # The connection may be stuck behind an unresponsive server (SIGSTOP, network
-                # black hole: no FIN ever comes); the next operation opens a fresh one.
-                op.waiting_on.invalidate(f"{what} timed out")
-            raise CoordinationUnavailable(
-                f"Redis at {self.url} did not answer {what} within {self.op_timeout_s:g} s"
-            ) from None
         except BaseException as exc:
             if isinstance(exc, CoordinationUnavailable) or not _is_failure(exc):
                 raise
-            raise CoordinationUnavailable(f"Redis at {self.url} failed on {what}: {exc}") from exc
+            if isinstance(exc, ResponseError) and (misuse := _misuse(exc, what)) is not None:
+                raise misuse from exc
+            if not scope.cancel_called:
+                if _caused_by_cancellation(exc):
+                    # coredis turns a cancellation that hits its handshake into
+                    # ConnectionError; let an outer cancellation win over our report.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                raise CoordinationUnavailable(
+                    f"Redis at {self.url} failed on {what}: {_describe(exc)}"
+                ) from exc
+            # Our deadline, reported by coredis as ConnectionError: a timeout after all.
+        if op.waiting_on is not None:
+            # The connection may be stuck behind an unresponsive server (SIGSTOP, network
+            # black hole: no FIN ever comes); the next operation opens a fresh one.
+            op.waiting_on.invalidate(f"{what} timed out")
+        raise CoordinationUnavailable(
+            f"Redis at {self.url} did not answer {what} within {self.op_timeout_s:g} s"
+        )
 
     async def _command(self, what: str, command: bytes, *args: Any) -> Any:
         return await self._guarded(what, lambda op: self._request(op, command, *args))

@@ -107,8 +107,13 @@ async def test_echo_latency_range_is_seeded(autojump_clock: trio.abc.Clock) -> N
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("0", Latency(0, 0)), ("25", Latency(25, 25)), ("5-20", Latency(5, 20)),
-     (" 5 - 5 ", Latency(5, 5)), ("1.5-2", Latency(1.5, 2))],
+    [
+        ("0", Latency(0, 0)),
+        ("25", Latency(25, 25)),
+        ("5-20", Latency(5, 20)),
+        (" 5 - 5 ", Latency(5, 5)),
+        ("1.5-2", Latency(1.5, 2)),
+    ],
 )
 def test_latency_flag_parses(text: str, expected: Latency) -> None:
     assert parse_latency(text) == expected
@@ -187,8 +192,10 @@ async def test_http_backend_unreachable_server() -> None:
     with trio.socket.socket() as sock:
         await sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: connection refused
-        for backend in (OllamaBackend(f"http://127.0.0.1:{port}"),
-                        OpenAIBackend(f"http://127.0.0.1:{port}", api_key="")):
+        for backend in (
+            OllamaBackend(f"http://127.0.0.1:{port}"),
+            OpenAIBackend(f"http://127.0.0.1:{port}", api_key=""),
+        ):
             with pytest.raises(BackendError, match="cannot connect to http://127.0.0.1"):
                 await collect(backend, "m", PROMPT)
             await backend.aclose()
@@ -254,18 +261,27 @@ async def test_fake_ollama_wire_format(fake_ollama: FakeOllama) -> None:
     async with httpx.AsyncClient(base_url=fake_ollama.url) as client:
         response = await client.post("/api/generate", json={"model": "m", "prompt": "a b"})
         assert response.headers["content-type"] == "application/x-ndjson"
-        records = [httpx.Response(200, content=line).json()
-                   for line in response.text.splitlines()]
+        records = [httpx.Response(200, content=line).json() for line in response.text.splitlines()]
         assert [r["response"] for r in records] == ["a ", "b", ""]
         assert [r["done"] for r in records] == [False, False, True]
         final = records[-1]
-        for field in ("model", "created_at", "done_reason", "total_duration", "load_duration",
-                      "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"):
+        for field in (
+            "model",
+            "created_at",
+            "done_reason",
+            "total_duration",
+            "load_duration",
+            "prompt_eval_count",
+            "prompt_eval_duration",
+            "eval_count",
+            "eval_duration",
+        ):
             assert field in final
         assert final["eval_count"] == 2
 
-        whole = await client.post("/api/generate",
-                                  json={"model": "m", "prompt": "a b", "stream": False})
+        whole = await client.post(
+            "/api/generate", json={"model": "m", "prompt": "a b", "stream": False}
+        )
         assert whole.json()["response"] == "a b"
         assert whole.json()["done"] is True
 
@@ -276,14 +292,18 @@ async def test_fake_ollama_wire_format(fake_ollama: FakeOllama) -> None:
 
 
 async def test_fake_openai_wire_format(fake_openai: FakeOpenAI) -> None:
-    body = {"model": "m", "stream": True, "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a b"}]},
-    ]}
+    body = {
+        "model": "m",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a b"}]},
+        ],
+    }
     async with httpx.AsyncClient(base_url=fake_openai.url) as client:
         response = await client.post("/v1/chat/completions", json=body)
         assert response.headers["content-type"].startswith("text/event-stream")
-        events = [line[len("data: "):] for line in response.text.split("\n\n") if line]
+        events = [line[len("data: ") :] for line in response.text.split("\n\n") if line]
         assert events[-1] == "[DONE]"
         chunks = [httpx.Response(200, content=event).json() for event in events[:-1]]
         assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
@@ -298,7 +318,10 @@ async def test_fake_openai_wire_format(fake_openai: FakeOpenAI) -> None:
         whole = await client.post("/v1/chat/completions", json={**body, "stream": False})
         assert whole.json()["object"] == "chat.completion"
         assert whole.json()["choices"][0]["message"] == {
-            "role": "assistant", "content": "a b", "refusal": None}
+            "role": "assistant",
+            "content": "a b",
+            "refusal": None,
+        }
         assert whole.json()["usage"]["completion_tokens"] == 2
 
         fake_openai.fail = "http"

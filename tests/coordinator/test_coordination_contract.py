@@ -40,7 +40,7 @@ class Backend:
     open_peer: Callable[[], AbstractAsyncContextManager[Coordination]]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def backend(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Backend]:
@@ -57,8 +57,8 @@ async def backend(
             async with MemoryCoordination(state=state) as peer:
                 yield peer
 
-        async with MemoryCoordination(state=state) as coord:
-            yield Backend("memory", coord, advance, memory_peer)
+        async with MemoryCoordination(state=state) as memory:
+            yield Backend("memory", memory, advance, memory_peer)
         return
 
     server: RedisServer = request.getfixturevalue("redis_server_session")
@@ -69,8 +69,8 @@ async def backend(
         async with RedisCoordination(server.url, key_prefix=prefix) as peer:
             yield peer
 
-    async with RedisCoordination(server.url, key_prefix=prefix) as coord:
-        yield Backend("redis", coord, trio.sleep, redis_peer)
+    async with RedisCoordination(server.url, key_prefix=prefix) as redis:
+        yield Backend("redis", redis, trio.sleep, redis_peer)
 
 
 # -- keys -------------------------------------------------------------------------------------
@@ -197,6 +197,14 @@ async def test_incr_with_ttl_on_create_only(backend: Backend) -> None:
     assert await c.incr("t") == 1
 
 
+async def test_incr_of_a_non_integer_is_refused(backend: Backend) -> None:
+    c = backend.coord
+    await c.set("text", b"hello")
+    with pytest.raises(ValueError):
+        await c.incr("text")
+    assert await c.get("text") == b"hello"
+
+
 async def test_get_many(backend: Backend) -> None:
     c = backend.coord
     assert await c.get_many([]) == []
@@ -276,7 +284,7 @@ async def test_rate_limit_window_slides_per_call(backend: Backend) -> None:
     refused = await c.rate_limit("slide", limit=5, period_s=period)
     assert not refused.allowed
     # The first three calls leave the window first, about 0.3 s from now.
-    assert 0.3 - 0.1 < refused.retry_after_s <= 0.3
+    assert 0.3 - 0.1 < refused.retry_after_s <= 0.3 + 1e-6
     await backend.advance(refused.retry_after_s + SLACK)
     # Only the three oldest calls left the window: three more fit, not five.
     allowed = [(await c.rate_limit("slide", limit=5, period_s=period)).allowed for _ in range(5)]
@@ -392,17 +400,23 @@ async def test_closed_backend_is_unavailable(backend: Backend) -> None:
 
 
 async def test_closing_ends_open_subscriptions(backend: Backend) -> None:
-    async with backend.open_peer() as peer:
-        async with peer.subscribe("bye") as sub:
-            await peer.aclose()
-            with trio.fail_after(2):
-                async for _ in sub:
-                    raise AssertionError("no message expected")
+    async with backend.open_peer() as peer, peer.subscribe("bye") as sub:
+        await peer.aclose()
+        with trio.fail_after(2):
+            async for _ in sub:
+                raise AssertionError("no message expected")
+        # The closed instance's subscription is gone for everyone else (Redis learns it from
+        # the closed socket, so allow it a moment).
+        with trio.move_on_after(1):
+            while await backend.coord.subscriber_count("bye"):
+                await trio.sleep(0.01)
+        assert await backend.coord.publish("bye", b"x") == 0
 
 
 # -- Redis only -------------------------------------------------------------------------------
 
 
+@pytest.mark.redis
 async def test_key_prefixes_isolate_deployments(redis_server_session: RedisServer) -> None:
     url = redis_server_session.url
     async with (
@@ -456,7 +470,7 @@ def test_memory_state_decides_on_the_injected_clock() -> None:
         assert state.rate_limit("r", limit=3, period_s=10).allowed
     clock.now = 7.5
     refused = state.rate_limit("r", limit=3, period_s=10)
-    assert not refused.allowed and refused.retry_after_s == pytest.approx(2.5)
+    assert not refused.allowed and refused.retry_after_s == pytest.approx(7.5)  # 5 + 10 - 7.5
     clock.now = 15.0
     assert state.rate_limit("r", limit=3, period_s=10).allowed
 
@@ -464,9 +478,17 @@ def test_memory_state_decides_on_the_injected_clock() -> None:
 def test_memory_state_fans_out_to_sinks_in_subscription_order() -> None:
     state = MemoryState(FakeClock())
     seen: list[tuple[str, bytes]] = []
-    first = state.add_subscriber("c", lambda p: seen.append(("first", p)) is None)
-    state.add_subscriber("c", lambda p: seen.append(("second", p)) is None)
-    state.add_subscriber("c", lambda p: False)  # a full buffer
+
+    def sink(name: str) -> Callable[[bytes], bool]:
+        def offer(payload: bytes) -> bool:
+            seen.append((name, payload))
+            return True
+
+        return offer
+
+    first = state.add_subscriber("c", sink("first"))
+    state.add_subscriber("c", sink("second"))
+    state.add_subscriber("c", lambda payload: False)  # a full buffer
     assert state.publish("c", b"1") == 3
     assert seen == [("first", b"1"), ("second", b"1")]
     assert state.dropped == 1

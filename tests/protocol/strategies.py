@@ -88,16 +88,19 @@ bus_envelopes = st.one_of(
         timeout_s=timeouts,
         reply_to=texts,
     ),
-    st.builds(BusChunk, task_id=identifiers, seq=counts, delta=texts),
+    st.builds(BusChunk, task_id=identifiers, conn_id=identifiers, seq=counts, delta=texts),
     st.builds(
         BusResult,
         task_id=identifiers,
         node_id=identifiers,
+        conn_id=identifiers,
         output=st.none() | texts,
         chunks=counts,
         failure=st.none() | st.builds(TaskFailure, code=codes, message=texts),
     ),
-    st.builds(BusNodeGone, task_id=identifiers, node_id=identifiers, reason=texts),
+    st.builds(
+        BusNodeGone, task_id=identifiers, node_id=identifiers, conn_id=identifiers, reason=texts
+    ),
     st.builds(BusReplace, node_id=identifiers, conn_id=identifiers, new_instance=identifiers),
     st.builds(BusCancel, task_id=identifiers, reason=texts),
 )

@@ -48,7 +48,9 @@ class Request:
     def __init__(self, scope: Scope, body: bytes) -> None:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+        }
         self.body = body
 
     def json(self) -> Any:
@@ -202,7 +204,9 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _respond(response: Response, send: Send, receive: Receive, server: FakeModelServer) -> None:
+async def _respond(
+    response: Response, send: Send, receive: Receive, server: FakeModelServer
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -238,16 +242,29 @@ async def _respond(response: Response, send: Send, receive: Receive, server: Fak
         server._note_aborted()
 
 
-def serve_main(factory: Callable[[argparse.Namespace], FakeModelServer], argv: list[str] | None,
-               *, prog: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
+def serve_main(
+    factory: Callable[[argparse.Namespace], FakeModelServer],
+    argv: list[str] | None,
+    *,
+    prog: str,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> int:
     """``python -m tools.fakes.X``: serve until SIGINT/SIGTERM, print the URL when ready."""
-    parser = argparse.ArgumentParser(prog=prog, description=f"Run a fake {prog.split('.')[-1]} server.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description=f"Run a fake {prog.split('.')[-1]} server."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
-    parser.add_argument("--model", dest="models", action="append", default=None,
-                        help="serve only these models (repeatable; default: any name)")
-    parser.add_argument("--chunk-delay-ms", type=float, default=0.0,
-                        help="pause between streamed pieces")
+    parser.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        default=None,
+        help="serve only these models (repeatable; default: any name)",
+    )
+    parser.add_argument(
+        "--chunk-delay-ms", type=float, default=0.0, help="pause between streamed pieces"
+    )
     parser.add_argument("--fail", choices=FAIL_MODES, default=None, help="inject this failure")
     if extra is not None:
         extra(parser)

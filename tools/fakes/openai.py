@@ -50,8 +50,14 @@ class FakeOpenAI(FakeModelServer):
             return Response(200, {"object": "list", "data": [_model(name) for name in names]})
         if route == ("POST", "/v1/chat/completions"):
             return self._chat(request)
-        return Response(404, _error(f"Unknown request URL: {request.method} {request.path}",
-                                    "invalid_request_error", "unknown_url"))
+        return Response(
+            404,
+            _error(
+                f"Unknown request URL: {request.method} {request.path}",
+                "invalid_request_error",
+                "unknown_url",
+            ),
+        )
 
     def _authorized(self, request: Request) -> bool:
         return self.api_key is None or request.headers.get("authorization") == (
@@ -64,25 +70,38 @@ class FakeOpenAI(FakeModelServer):
             if not isinstance(body, dict):
                 raise TypeError("body is not an object")
         except (ValueError, TypeError):
-            return Response(400, _error("We could not parse the JSON body of your request.",
-                                        "invalid_request_error"))
+            return Response(
+                400,
+                _error(
+                    "We could not parse the JSON body of your request.", "invalid_request_error"
+                ),
+            )
         self.requests.append(body)
         self.authorizations.append(request.headers.get("authorization"))
         if not self._authorized(request):
-            return Response(401, _error("Incorrect API key provided.", "invalid_request_error",
-                                        "invalid_api_key"))
+            return Response(
+                401,
+                _error("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+            )
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            return Response(400, _error("you must provide a model parameter",
-                                        "invalid_request_error"))
+            return Response(
+                400, _error("you must provide a model parameter", "invalid_request_error")
+            )
         if not self.serves(model):
-            return Response(404, _error(
-                f"The model `{model}` does not exist or you do not have access to it.",
-                "invalid_request_error", "model_not_found"))
+            return Response(
+                404,
+                _error(
+                    f"The model `{model}` does not exist or you do not have access to it.",
+                    "invalid_request_error",
+                    "model_not_found",
+                ),
+            )
         prompt = _last_user_text(body.get("messages"))
         if prompt is None:
-            return Response(400, _error("messages must contain a user message",
-                                        "invalid_request_error"))
+            return Response(
+                400, _error("messages must contain a user message", "invalid_request_error")
+            )
         if self.fail == "http":
             return Response(500, _error("fake openai: injected failure", "server_error"))
         completion_id = f"chatcmpl-fake{next(self._ids):06d}"
@@ -92,20 +111,25 @@ class FakeOpenAI(FakeModelServer):
             if self.fail in ("midstream", "truncate"):
                 return Response(500, _error("fake openai: injected failure", "server_error"))
             self.completed += 1
-            return Response(200, {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "system_fingerprint": _FINGERPRINT,
-                "choices": [{
-                    "index": 0,
-                    "message": {"role": "assistant", "content": prompt, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": "stop",
-                }],
-                "usage": _usage(prompt, pieces),
-            })
+            return Response(
+                200,
+                {
+                    "id": completion_id,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "system_fingerprint": _FINGERPRINT,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": prompt, "refusal": None},
+                            "logprobs": None,
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": _usage(prompt, pieces),
+                },
+            )
         stream = self._stream(completion_id, created, model, pieces)
         return Response(200, content_type="text/event-stream; charset=utf-8", stream=stream)
 
@@ -113,19 +137,23 @@ class FakeOpenAI(FakeModelServer):
         self, completion_id: str, created: int, model: str, pieces: list[str]
     ) -> AsyncIterator[bytes]:
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-            return _event({
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "system_fingerprint": _FINGERPRINT,
-                "choices": [{
-                    "index": 0,
-                    "delta": delta,
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }],
-            })
+            return _event(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "system_fingerprint": _FINGERPRINT,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": delta,
+                            "logprobs": None,
+                            "finish_reason": finish_reason,
+                        }
+                    ],
+                }
+            )
 
         yield chunk({"role": "assistant", "content": ""})
         for index, piece in enumerate(pieces):
@@ -151,7 +179,8 @@ def _last_user_text(messages: Any) -> str | None:
                 return content
             if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}]
                 return "".join(
-                    part.get("text", "") for part in content
+                    part.get("text", "")
+                    for part in content
                     if isinstance(part, dict) and part.get("type") == "text"
                 )
     return None
@@ -176,12 +205,17 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--api-key", default=None,
-                            help="demand Authorization: Bearer KEY (default: no auth)")
+        parser.add_argument(
+            "--api-key", default=None, help="demand Authorization: Bearer KEY (default: no auth)"
+        )
 
     def factory(args: argparse.Namespace) -> FakeModelServer:
-        return FakeOpenAI(models=args.models, chunk_delay_s=args.chunk_delay_ms / 1000.0,
-                          fail=args.fail, api_key=args.api_key)
+        return FakeOpenAI(
+            models=args.models,
+            chunk_delay_s=args.chunk_delay_ms / 1000.0,
+            fail=args.fail,
+            api_key=args.api_key,
+        )
 
     return serve_main(factory, argv, prog="python -m tools.fakes.openai", extra=extra)
 

@@ -28,6 +28,7 @@ from typing import Final
 import trio
 from trio_websocket import (
     ConnectionClosed,
+    ConnectionRejected,
     HandshakeError,
     WebSocketConnection,
     open_websocket_url,
@@ -120,6 +121,15 @@ def _short(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 1] + "…"
 
 
+def _why(exc: HandshakeError) -> str:
+    if isinstance(exc, ConnectionRejected):
+        return f"HTTP {exc.status_code} instead of a WebSocket upgrade"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None:
+        return _short(f"{type(cause).__name__}: {cause}")
+    return type(exc).__name__
+
+
 class _CloseRequest:
     """Queued behind every pending frame: the sender closes the socket when it gets here."""
 
@@ -147,7 +157,7 @@ class NodeAgent:
         self._attempt_scope: trio.CancelScope | None = None
         self._live = False
         # Observable counters (logs, tests).
-        self.connections = 0
+        self.attempts = 0
         self.welcomes = 0
 
     # --- control ---------------------------------------------------------------------------
@@ -202,7 +212,7 @@ class NodeAgent:
         """One connection from dial to close; True when the coordinator welcomed us."""
         welcomed = False
         connection: WebSocketConnection | None = None
-        self.connections += 1
+        self.attempts += 1
         with trio.CancelScope() as attempt_scope:
             self._attempt_scope = attempt_scope
             try:
@@ -219,9 +229,9 @@ class NodeAgent:
                         await self._serve(ws, welcome)
             except HandshakeError as exc:
                 if connection is None:
-                    log.warning(
-                        "cannot connect to %s: %s", self.config.ws_url, _short(repr(exc.__cause__ or exc))
-                    )
+                    log.warning("cannot connect to %s: %s", self.config.ws_url, _why(exc))
+            except Exception:  # a daemon outlives surprises: log, then reconnect with backoff
+                log.exception("connection to %s failed unexpectedly", self.config.ws_url)
             finally:
                 self._attempt_scope = None
                 self._live = False
@@ -317,9 +327,7 @@ class NodeAgent:
             pass
         connection_scope.cancel()
 
-    async def _heartbeats(
-        self, outbox: trio.MemorySendChannel[_Outbound], interval: float
-    ) -> None:
+    async def _heartbeats(self, outbox: trio.MemorySendChannel[_Outbound], interval: float) -> None:
         while True:
             await trio.sleep(interval)
             await outbox.send(Heartbeat(in_flight=len(self._running)))
@@ -359,9 +367,7 @@ class NodeAgent:
             elif isinstance(envelope, Heartbeat):
                 pass
             elif isinstance(envelope, Error):
-                log.warning(
-                    "coordinator reports %s: %s", envelope.code, _short(envelope.message)
-                )
+                log.warning("coordinator reports %s: %s", envelope.code, _short(envelope.message))
             else:
                 log.debug("ignoring unexpected %s", type(envelope).__name__)
 

@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 import threading
+from functools import partial
 
 import trio
 
@@ -36,51 +37,73 @@ log = logging.getLogger("gemmanet.node")
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``gemmanet node`` flags on ``parser`` (values are checked by run_node)."""
     parser.add_argument(
-        "--coordinator", required=True, metavar="URL",
+        "--coordinator",
+        required=True,
+        metavar="URL",
         help="coordinator base URL, e.g. http://127.0.0.1:8000 (the agent dials ws://…/ws/node; "
         "https gives wss)",
     )
     parser.add_argument("--node-id", required=True, metavar="ID", help="this node's identity")
     parser.add_argument(
-        "--token", default=None, metavar="TOKEN",
+        "--token",
+        default=None,
+        metavar="TOKEN",
         help=f"node token from `gemmanet nodes enroll` (default: ${TOKEN_ENV}, which keeps it "
         "out of the process list)",
     )
     parser.add_argument(
-        "--model", dest="models", action="append", required=True, metavar="NAME",
+        "--model",
+        dest="models",
+        action="append",
+        required=True,
+        metavar="NAME",
         help="a model this node serves; repeat for several",
     )
     parser.add_argument(
-        "--backend", required=True, choices=BACKENDS,
+        "--backend",
+        required=True,
+        choices=BACKENDS,
         help="echo: answers with the prompt (reference model for tests); ollama: Ollama's "
         "/api/generate; openai: an OpenAI-compatible /v1/chat/completions server (vLLM, "
         "llama.cpp, LM Studio...; API key from $OPENAI_API_KEY)",
     )
     parser.add_argument(
-        "--backend-url", default=None, metavar="URL",
+        "--backend-url",
+        default=None,
+        metavar="URL",
         help=f"model server base URL (default: ollama {DEFAULT_OLLAMA_URL}, openai "
         f"{DEFAULT_OPENAI_URL}; a trailing /v1 is accepted)",
     )
     parser.add_argument(
-        "--latency-ms", default="0", metavar="N|MIN-MAX",
+        "--latency-ms",
+        default="0",
+        metavar="N|MIN-MAX",
         help="echo backend: answer after N ms, or uniform in MIN-MAX ms (default 0)",
     )
     parser.add_argument(
-        "--chunk-delay-ms", default="0", metavar="N",
+        "--chunk-delay-ms",
+        default="0",
+        metavar="N",
         help="echo backend: pause between streamed chunks (default 0)",
     )
     parser.add_argument(
-        "--max-parallel", default=str(DEFAULT_MAX_PARALLEL), metavar="N",
+        "--max-parallel",
+        default=str(DEFAULT_MAX_PARALLEL),
+        metavar="N",
         help=f"tasks run at once; more are refused with node_busy (default {DEFAULT_MAX_PARALLEL})",
     )
     parser.add_argument("--vram-gb", default=None, metavar="X", help="advertised GPU memory")
     parser.add_argument(
-        "--drain-s", default=str(DEFAULT_DRAIN_S), metavar="S",
+        "--drain-s",
+        default=str(DEFAULT_DRAIN_S),
+        metavar="S",
         help="on SIGINT/SIGTERM, let running tasks finish for up to S seconds, then cancel them "
         f"and exit 0 (default {DEFAULT_DRAIN_S:g}; a second signal cuts it short)",
     )
     parser.add_argument(
-        "--seed", default=None, metavar="N",
+        "--seed",
+        default=None,
+        metavar="N",
         help="seed of the echo latency and reconnect jitter (default: random)",
     )
 
@@ -166,7 +189,7 @@ def run_node(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     _configure_logging()
     handle_signals = threading.current_thread() is threading.main_thread()
-    return trio.run(serve_node, settings, handle_signals)
+    return trio.run(partial(serve_node, settings, handle_signals=handle_signals))
 
 
 def main(argv: list[str] | None = None) -> int:

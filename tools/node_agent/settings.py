@@ -19,6 +19,16 @@ DEFAULT_OPENAI_URL = "http://127.0.0.1:8080"
 DEFAULT_MAX_PARALLEL = 4
 DEFAULT_DRAIN_S = 10.0
 
+# Limits of what a Hello may carry (protocol/constraints.py; the coordinator refuses a hello
+# outside them with close 4002, so they are checked here, where a typo can still be named).
+MAX_IDENTIFIER_LENGTH = 128
+_IDENTIFIER_RE = re.compile(r"\A[A-Za-z0-9._:-]+\Z")
+MAX_MODELS = 64
+MAX_MODEL_NAME_LENGTH = 200
+MAX_PARALLEL = 1024
+MAX_TOKEN_LENGTH = 512
+MAX_VRAM_GB = 1_000_000.0
+
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
 _LATENCY_RE = re.compile(rf"^\s*{_NUMBER}\s*(?:-\s*{_NUMBER}\s*)?$")
 
@@ -135,18 +145,29 @@ class NodeSettings:
         node = str(node_id or "").strip()
         if not node:
             raise UsageError("--node-id is required")
+        if len(node) > MAX_IDENTIFIER_LENGTH or not _IDENTIFIER_RE.search(node):
+            raise UsageError(
+                f"--node-id must be 1-{MAX_IDENTIFIER_LENGTH} characters of A-Z a-z 0-9 . _ : -, "
+                f"got {node_id!r}"
+            )
         if not token:
             raise UsageError("--token (or GEMMANET_NODE_TOKEN) is required")
+        if len(str(token)) > MAX_TOKEN_LENGTH:
+            raise UsageError(f"--token is longer than {MAX_TOKEN_LENGTH} characters")
         names = [models] if isinstance(models, str) else list(models or [])  # type: ignore[call-overload]
         model_list: list[str] = []
         for name in names:
             name = str(name).strip()
             if not name:
                 raise UsageError("--model must not be empty")
+            if len(name) > MAX_MODEL_NAME_LENGTH:
+                raise UsageError(f"--model is longer than {MAX_MODEL_NAME_LENGTH} characters")
             if name not in model_list:
                 model_list.append(name)
         if not model_list:
             raise UsageError("at least one --model is required")
+        if len(model_list) > MAX_MODELS:
+            raise UsageError(f"at most {MAX_MODELS} --model flags, got {len(model_list)}")
         kind = str(backend or "").strip().lower()
         if kind not in BACKENDS:
             raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -160,6 +181,11 @@ class NodeSettings:
         elif kind == "openai":
             url = DEFAULT_OPENAI_URL
         vram = None if vram_gb is None else _non_negative("--vram-gb", vram_gb, positive=True)
+        if vram is not None and vram > MAX_VRAM_GB:
+            raise UsageError(f"--vram-gb must be at most {MAX_VRAM_GB:g}, got {vram_gb!r}")
+        parallel = _positive_int("--max-parallel", max_parallel)
+        if parallel > MAX_PARALLEL:
+            raise UsageError(f"--max-parallel must be at most {MAX_PARALLEL}, got {max_parallel!r}")
         seed_value: int | None = None
         if seed is not None:
             try:
@@ -175,7 +201,7 @@ class NodeSettings:
             backend=kind,
             backend_url=url,
             latency=parse_latency(str(latency_ms if latency_ms is not None else "0")),
-            max_parallel=_positive_int("--max-parallel", max_parallel),
+            max_parallel=parallel,
             vram_gb=vram,
             chunk_delay_s=_non_negative("--chunk-delay-ms", chunk_delay_ms or 0) / 1000.0,
             drain_s=_non_negative("--drain-s", DEFAULT_DRAIN_S if drain_s is None else drain_s),

@@ -1,0 +1,43 @@
+"""Pick the coordination backend from the settings.
+
+``GEMMANET_REDIS_URL`` unset: the embedded memory backend (one instance). Set: Redis, with the
+password read from ``GEMMANET_REDIS_PASSWORD_FILE`` and every key under ``GEMMANET_KEY_PREFIX``.
+Both backends are async context managers; enter the result once, in the task that owns the
+app's lifetime::
+
+    async with create_coordination(settings.redis_url, ...) as coordination:
+        ...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from coordinator.coordination.memory import MemoryCoordination
+
+if TYPE_CHECKING:
+    from coordinator.coordination.redis import RedisCoordination
+
+__all__ = ["create_coordination"]
+
+
+def create_coordination(
+    redis_url: str | None,
+    *,
+    password_file: str | None = None,
+    key_prefix: str = "gn",
+    op_timeout_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> MemoryCoordination | RedisCoordination:
+    """The memory backend when ``redis_url`` is empty, else Redis (``clock`` is memory-only:
+    Redis judges time by its own clock)."""
+    if not redis_url:
+        return MemoryCoordination(clock)
+    # Imported here: coredis costs a quarter of a second to import, memory users don't pay it.
+    from coordinator.coordination.redis import RedisCoordination
+
+    return RedisCoordination.from_url_and_password_file(
+        redis_url, password_file, key_prefix, op_timeout_s=op_timeout_s
+    )

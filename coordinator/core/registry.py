@@ -1,0 +1,113 @@
+"""The shared registry as data: what each instance publishes about itself and its nodes, and
+the cluster-wide view built from those snapshots. Pure: the shell reads and writes the keys.
+
+Keys (relative to GEMMANET_KEY_PREFIX):
+
+    inst:alive:{instance}   the instance heartbeat (short TTL): the instance is alive
+    inst:nodes:{instance}   InstanceSnapshot of the instance (same TTL)
+    node:owner:{node}       "{instance} {conn_id}" of the connection that owns the identity
+    lock:single-instance    the instance id holding the single-instance lock
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from coordinator.core.placement import NodeView
+
+ALIVE_PREFIX = "inst:alive:"
+SNAPSHOT_PREFIX = "inst:nodes:"
+OWNER_PREFIX = "node:owner:"
+SINGLE_INSTANCE_LOCK = "lock:single-instance"
+
+
+def alive_key(instance_id: str) -> str:
+    return ALIVE_PREFIX + instance_id
+
+
+def snapshot_key(instance_id: str) -> str:
+    return SNAPSHOT_PREFIX + instance_id
+
+
+def owner_key(node_id: str) -> str:
+    return OWNER_PREFIX + node_id
+
+
+def owner_value(instance_id: str, conn_id: str) -> bytes:
+    return f"{instance_id} {conn_id}".encode()
+
+
+def parse_owner(value: bytes | None) -> tuple[str, str] | None:
+    if not value:
+        return None
+    instance_id, _, conn_id = value.decode(errors="replace").partition(" ")
+    return (instance_id, conn_id) if conn_id else None
+
+
+class NodeEntry(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    conn_id: str
+    models: list[str]
+    max_parallel: int
+    in_flight: int
+    vram_gb: float | None = None
+    agent_version: str = ""
+    connected_at: float = 0.0
+
+
+class InstanceSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    instance_id: str
+    in_flight: int
+    nodes: list[NodeEntry]
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(InstanceSnapshot)
+
+
+def encode_snapshot(snapshot: InstanceSnapshot) -> bytes:
+    return _encoder.encode(snapshot)
+
+
+def decode_snapshot(data: bytes) -> InstanceSnapshot | None:
+    """A snapshot, or None for anything unreadable (another version, a corrupted value)."""
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def remote_views(
+    snapshots: Iterable[InstanceSnapshot],
+    ratings: Mapping[str, tuple[float, int]],
+    *,
+    exclude_instance: str,
+    pending_per_conn: Mapping[str, int],
+) -> list[NodeView]:
+    """Placement candidates on other instances. ``pending_per_conn`` (this instance's own
+    tasks in flight per connection) corrects snapshots that are a heartbeat old."""
+    views = []
+    for snap in sorted(snapshots, key=lambda s: s.instance_id):
+        if snap.instance_id == exclude_instance:
+            continue
+        for entry in snap.nodes:
+            views.append(
+                NodeView(
+                    node_id=entry.node_id,
+                    instance_id=snap.instance_id,
+                    conn_id=entry.conn_id,
+                    models=frozenset(entry.models),
+                    max_parallel=entry.max_parallel,
+                    in_flight=max(entry.in_flight, pending_per_conn.get(entry.conn_id, 0)),
+                    rating=ratings[entry.node_id][0] if entry.node_id in ratings else None,
+                )
+            )
+    return views
+
+
+def online_node_ids(snapshots: Iterable[InstanceSnapshot]) -> set[str]:
+    """Node identities online anywhere; one identity counts once even while it is being
+    replaced across instances."""
+    return {entry.node_id for snap in snapshots for entry in snap.nodes}

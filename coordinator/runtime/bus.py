@@ -1,0 +1,49 @@
+"""The instance bus: one inbox per instance, reached by instance id.
+
+``PubSubBus`` (default) rides on the coordination backend's publish/subscribe: lowest latency,
+at-most-once, and PUBLISH tells the sender how many inboxes received an envelope — a sender
+learns at once that the instance it addresses is gone. ``GEMMANET_BUS=streams`` selects the
+Redis Streams transport (coordinator/coordination/streams_bus.py), which survives a subscriber
+reconnect without losing what was sent meanwhile.
+"""
+
+from __future__ import annotations
+
+import abc
+from contextlib import AbstractAsyncContextManager
+
+from coordinator.coordination import Coordination, Subscription
+
+INBOX_PREFIX = "inst:bus:"
+
+
+def inbox(instance_id: str) -> str:
+    return INBOX_PREFIX + instance_id
+
+
+class Bus(abc.ABC):
+    @abc.abstractmethod
+    async def send(self, instance_id: str, payload: bytes) -> int:
+        """Deliver to ``instance_id``'s inbox; how many listeners got it (0: nobody there)."""
+
+    @abc.abstractmethod
+    def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
+        """This instance's inbox, for the duration of the block."""
+
+    @abc.abstractmethod
+    async def is_listening(self, instance_id: str) -> bool:
+        """Whether ``instance_id`` has its inbox open right now (a kill -9 closes it at once)."""
+
+
+class PubSubBus(Bus):
+    def __init__(self, coordination: Coordination) -> None:
+        self._coordination = coordination
+
+    async def send(self, instance_id: str, payload: bytes) -> int:
+        return await self._coordination.publish(inbox(instance_id), payload)
+
+    def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
+        return self._coordination.subscribe(inbox(instance_id))
+
+    async def is_listening(self, instance_id: str) -> bool:
+        return await self._coordination.subscriber_count(inbox(instance_id)) > 0

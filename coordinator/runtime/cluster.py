@@ -1,0 +1,547 @@
+"""Membership of one instance in a shared Redis: heartbeat and registry, node ownership, the
+instance bus, and the sweepers that turn a dead peer into fast 502s.
+
+Timing (see Settings): the alive key is a heartbeat refreshed every ``beat_s`` with a TTL of
+``alive_ttl_s``; ownership keys keep the long ``owner_ttl_s``. A requester checks the owners of
+its pending tasks every ``beat_s``: an owner whose inbox has no listener (a killed process's
+socket closes at once) or whose alive key expired (a frozen process) is dead, and its tasks
+end with 502 within about ``alive_ttl_s + beat_s`` (2.5 s by default), well inside 3 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+import trio
+
+from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.core import registry
+from coordinator.core.forwarding import Forward, ForwardingTable
+from coordinator.core.node_table import NodeConnection
+from coordinator.core.placement import NodeView
+from coordinator.core.registry import InstanceSnapshot, NodeEntry
+from coordinator.runtime.bus import Bus
+from protocol import (
+    Assign,
+    BusAssign,
+    BusCancel,
+    BusChunk,
+    BusNodeGone,
+    BusReplace,
+    BusResult,
+    Cancel,
+    ProtocolError,
+    TaskFailure,
+    decode_bus,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from coordinator.runtime.instance import Instance
+
+log = logging.getLogger("gemmanet.cluster")
+
+SENDER_SHARDS = 4
+OUTBOX_RETRY_S = 0.2
+
+
+class StartupRefused(Exception):
+    """This instance must not start (the single-instance lock is held elsewhere, or Redis
+    cannot be reached at start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    target: str
+    payload: bytes
+    # Give up retrying a send after this (the task it belongs to is over by then).
+    give_up_at: float
+    # Called when the target has nobody listening (its instance is gone).
+    on_unreached: Callable[[], None] | None = None
+
+
+class Cluster:
+    def __init__(self, instance: Instance, coordination: Coordination, bus: Bus) -> None:
+        self.instance = instance
+        self.settings = instance.settings
+        self.me = instance.instance_id
+        self.coordination = coordination
+        self.bus = bus
+        self.forwarding = ForwardingTable()
+        self._clock = instance.clock
+        self._alive_value = self.me.encode()
+        self._snapshots: dict[str, InstanceSnapshot] = {}
+        self._outboxes = [trio.open_memory_channel[_Outgoing](10_000) for _ in range(SENDER_SHARDS)]
+        self._snapshot_dirty = trio.Event()
+        self.liveness_lost = 0
+        self.bus_losses = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self.coordination.ping()
+        except CoordinationUnavailable as exc:
+            raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+        async with trio.open_nursery() as nursery:
+            # Listen before announcing ourselves: an assign sent the moment we appear alive
+            # must find our inbox open.
+            await nursery.start(self._read_bus)
+            await self._announce()
+            for _, receive in self._outboxes:
+                nursery.start_soon(self._drain_outbox, receive)
+            nursery.start_soon(self._heartbeat)
+            nursery.start_soon(self._refresh_ownership)
+            nursery.start_soon(self._sweep)
+            task_status.started()
+
+    async def aclose(self) -> None:
+        """Leave the cluster politely: peers see us gone now rather than at the TTL."""
+        with trio.move_on_after(1), trio.CancelScope(shield=True):
+            try:
+                await self.coordination.compare_and_set(
+                    registry.alive_key(self.me), self._alive_value, None
+                )
+                await self.coordination.delete(registry.snapshot_key(self.me))
+            except CoordinationUnavailable:
+                pass
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def _snapshot(self) -> InstanceSnapshot:
+        return InstanceSnapshot(
+            instance_id=self.me,
+            in_flight=len(self.instance.tracker),
+            nodes=[
+                NodeEntry(
+                    node_id=c.node_id,
+                    conn_id=c.conn_id,
+                    models=sorted(c.models),
+                    max_parallel=c.max_parallel,
+                    in_flight=c.in_flight,
+                    vram_gb=c.vram_gb,
+                    agent_version=c.agent_version,
+                    connected_at=c.connected_at,
+                )
+                for c in self.instance.nodes.connections()
+            ],
+        )
+
+    async def _announce(self) -> None:
+        ttl = self.settings.alive_ttl_s
+        was_alive = await self.coordination.refresh_if(
+            registry.alive_key(self.me), self._alive_value, ttl
+        )
+        if not was_alive:
+            await self.coordination.set(registry.alive_key(self.me), self._alive_value, ttl_s=ttl)
+        await self.coordination.set(
+            registry.snapshot_key(self.me), registry.encode_snapshot(self._snapshot()), ttl_s=ttl
+        )
+        return None if was_alive else await self._after_liveness_gap()
+
+    async def _after_liveness_gap(self) -> None:
+        """Our alive key had expired (first start, a freeze, a Redis outage). Peers may have
+        declared us dead and failed the tasks they forwarded here, and our nodes may have
+        reconnected elsewhere: drop forwards and keep only the nodes we still own."""
+        dropped = self.forwarding.clear()
+        for forward in dropped:
+            self.instance.cancel_on_node(forward.conn_id, forward.task_id, "owner_lost_liveness")
+        if dropped or self.instance.nodes.connections():
+            self.liveness_lost += 1
+            log.warning(
+                "instance %s was considered dead; dropped %d forwarded task(s), re-checking "
+                "ownership of %d node(s)",
+                self.me,
+                len(dropped),
+                len(self.instance.nodes),
+            )
+        for conn in self.instance.nodes.connections():
+            await self._confirm_ownership(conn)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            with trio.move_on_after(self.settings.beat_s):
+                await self._snapshot_dirty.wait()
+            self._snapshot_dirty = trio.Event()
+            try:
+                await self._announce()
+                await self._refresh_peers()
+            except CoordinationUnavailable as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def snapshot_changed(self) -> None:
+        """A node came or went: publish the registry now, not at the next beat."""
+        self._snapshot_dirty.set()
+
+    async def _refresh_peers(self) -> None:
+        keys = await self.coordination.keys_with_prefix(registry.ALIVE_PREFIX)
+        alive = sorted(k[len(registry.ALIVE_PREFIX) :] for k in keys)
+        values = await self.coordination.get_many([registry.snapshot_key(i) for i in alive])
+        snapshots = {}
+        for instance_id, value in zip(alive, values, strict=True):
+            snap = registry.decode_snapshot(value) if value else None
+            if snap is not None:
+                snapshots[instance_id] = snap
+        self._snapshots = snapshots
+
+    def peer_snapshots(self) -> list[InstanceSnapshot]:
+        """Last known snapshots of the other live instances."""
+        return [s for i, s in sorted(self._snapshots.items()) if i != self.me]
+
+    def remote_views(self, ratings: dict[str, tuple[float, int]]) -> list[NodeView]:
+        pending: dict[str, int] = {}
+        for task in self.instance.tracker.pending():
+            if task.owner_instance != self.me:
+                pending[task.conn_id] = pending.get(task.conn_id, 0) + 1
+        return registry.remote_views(
+            self.peer_snapshots(), ratings, exclude_instance=self.me, pending_per_conn=pending
+        )
+
+    def forget_peer(self, instance_id: str) -> None:
+        self._snapshots.pop(instance_id, None)
+
+    # -- ownership --------------------------------------------------------------------------
+
+    async def claim(self, conn: NodeConnection) -> None:
+        """Make this connection the owner of its node identity everywhere; an older owner on
+        another instance is told to close its connection with 4000."""
+        previous = registry.parse_owner(
+            await self.coordination.swap(
+                registry.owner_key(conn.node_id),
+                registry.owner_value(self.me, conn.conn_id),
+                ttl_s=self.settings.owner_ttl_s,
+            )
+        )
+        if previous is not None and previous[0] != self.me:
+            old_instance, old_conn = previous
+            self._send(
+                old_instance,
+                BusReplace(node_id=conn.node_id, conn_id=old_conn, new_instance=self.me),
+                give_up_in=5.0,
+            )
+        self.snapshot_changed()
+
+    async def release(self, conn: NodeConnection) -> None:
+        """Drop our ownership record, unless a newer connection already took it over."""
+        try:
+            await self.coordination.compare_and_set(
+                registry.owner_key(conn.node_id), registry.owner_value(self.me, conn.conn_id), None
+            )
+        except CoordinationUnavailable:
+            pass  # it expires with its TTL
+        self.snapshot_changed()
+
+    async def _confirm_ownership(self, conn: NodeConnection) -> None:
+        key, mine = registry.owner_key(conn.node_id), registry.owner_value(self.me, conn.conn_id)
+        ttl = self.settings.owner_ttl_s
+        if await self.coordination.refresh_if(key, mine, ttl):
+            return
+        if await self.coordination.compare_and_set(key, None, mine, ttl_s=ttl):
+            return
+        log.warning("node %s is owned elsewhere now; closing our stale connection", conn.node_id)
+        self.instance.replace_connection(conn.conn_id, conn.node_id)
+
+    async def _refresh_ownership(self) -> None:
+        while True:
+            await trio.sleep(self.settings.owner_ttl_s / 3)
+            for conn in self.instance.nodes.connections():
+                try:
+                    await self._confirm_ownership(conn)
+                except CoordinationUnavailable as exc:
+                    log.warning("could not refresh ownership of %s: %s", conn.node_id, exc)
+                    break
+
+    # -- requester side ---------------------------------------------------------------------
+
+    async def dispatch(self, view: NodeView, assign: Assign) -> bool:
+        """Send a task to the instance owning ``view``'s connection. False when that instance
+        has nobody listening (it is gone; the caller places the task elsewhere)."""
+        envelope = BusAssign(
+            task_id=assign.task_id,
+            node_id=view.node_id,
+            conn_id=view.conn_id,
+            model=assign.model,
+            prompt=assign.prompt,
+            stream=assign.stream,
+            timeout_s=assign.timeout_s,
+            reply_to=self.me,
+        )
+        reached = await self.bus.send(view.instance_id, encode(envelope))
+        if reached == 0:
+            self.forget_peer(view.instance_id)
+        return reached > 0
+
+    def cancel_remote(self, owner_instance: str, task_id: str, reason: str) -> None:
+        self._send(owner_instance, BusCancel(task_id=task_id, reason=reason), give_up_in=5.0)
+
+    async def _sweep(self) -> None:
+        """Requester side: fail tasks of dead owners. Owner side: drop expired forwards."""
+        while True:
+            await trio.sleep(self.settings.beat_s)
+            for forward in self.forwarding.expired(self._clock()):
+                self.instance.cancel_on_node(forward.conn_id, forward.task_id, "task_timeout")
+            owners = sorted(
+                {t.owner_instance for t in self.instance.tracker.pending()} - {self.me}
+            )
+            if not owners:
+                continue
+            try:
+                alive = await self._alive_among(owners)
+            except CoordinationUnavailable:
+                continue  # the bus reader handles a lost Redis
+            dead = set(owners) - alive
+            if dead:
+                for instance_id in dead:
+                    self.forget_peer(instance_id)
+                self.instance.fail_tasks_of_dead_owners(alive | {self.me})
+
+    async def _alive_among(self, instance_ids: list[str]) -> set[str]:
+        values = await self.coordination.get_many([registry.alive_key(i) for i in instance_ids])
+        alive = set()
+        for instance_id, value in zip(instance_ids, values, strict=True):
+            if value is not None and await self.bus.is_listening(instance_id):
+                alive.add(instance_id)
+        return alive
+
+    # -- owner side -------------------------------------------------------------------------
+
+    def forward_answer(self, conn: NodeConnection, envelope: object) -> bool:
+        """A node answered a task that a peer requested; False when it is not one of ours."""
+        task_id = getattr(envelope, "task_id", None)
+        if task_id is None or task_id not in self.forwarding:
+            return False
+        forward = self.forwarding.answerable(task_id, conn.conn_id)
+        if forward is None:
+            return True  # assigned to another connection: dropped and counted
+        from protocol import Chunk, Error, Result
+
+        out: msgspec.Struct
+        if isinstance(envelope, Chunk):
+            out = BusChunk(
+                task_id=task_id, conn_id=conn.conn_id, seq=envelope.seq, delta=envelope.delta
+            )
+        elif isinstance(envelope, Result):
+            out = BusResult(
+                task_id=task_id,
+                node_id=conn.node_id,
+                conn_id=conn.conn_id,
+                output=envelope.output,
+                chunks=envelope.chunks,
+            )
+        elif isinstance(envelope, Error):
+            out = BusResult(
+                task_id=task_id,
+                node_id=conn.node_id,
+                conn_id=conn.conn_id,
+                failure=TaskFailure(code=envelope.code, message=envelope.message),
+            )
+        else:
+            return True
+        if not isinstance(envelope, Chunk):
+            self.forwarding.remove(task_id)
+            conn.tasks.discard(task_id)
+
+        def requester_gone() -> None:
+            # Nobody waits any more: stop the node working on it.
+            if self.forwarding.remove(task_id) is not None:
+                self.instance.cancel_on_node(conn.conn_id, task_id, "requester_gone")
+
+        self._send(forward.reply_to, out, give_up_at=forward.expires_at, on_unreached=requester_gone)
+        return True
+
+    def connection_lost(self, conn: NodeConnection, why: str) -> None:
+        for forward in self.forwarding.of_connection(conn.conn_id):
+            self._send(
+                forward.reply_to,
+                BusNodeGone(
+                    task_id=forward.task_id, node_id=conn.node_id, conn_id=conn.conn_id, reason=why
+                ),
+                give_up_at=forward.expires_at,
+            )
+
+    def _on_assign(self, envelope: BusAssign) -> None:
+        conn = self.instance.nodes.by_node(envelope.node_id)
+
+        def refuse(failure: TaskFailure | None, reason: str) -> None:
+            reply: msgspec.Struct
+            if failure is None:
+                reply = BusNodeGone(
+                    task_id=envelope.task_id,
+                    node_id=envelope.node_id,
+                    conn_id=envelope.conn_id,
+                    reason=reason,
+                )
+            else:
+                reply = BusResult(
+                    task_id=envelope.task_id,
+                    node_id=envelope.node_id,
+                    conn_id=envelope.conn_id,
+                    failure=failure,
+                )
+            self._send(envelope.reply_to, reply, give_up_in=5.0)
+
+        if conn is None or conn.conn_id != envelope.conn_id:
+            refuse(None, "the node's connection is no longer here")
+            return
+        if envelope.task_id in self.forwarding:
+            return  # a replayed assign
+        if conn.in_flight >= conn.max_parallel:
+            refuse(
+                TaskFailure(code="all_nodes_busy", message=f"node {conn.node_id} is at capacity"),
+                "",
+            )
+            return
+        self.forwarding.add(
+            Forward(
+                task_id=envelope.task_id,
+                node_id=conn.node_id,
+                conn_id=conn.conn_id,
+                reply_to=envelope.reply_to,
+                expires_at=self._clock() + envelope.timeout_s + self.settings.forward_grace_s,
+            )
+        )
+        conn.tasks.add(envelope.task_id)
+        self.instance.send_to_node(
+            conn.conn_id,
+            Assign(
+                task_id=envelope.task_id,
+                model=envelope.model,
+                prompt=envelope.prompt,
+                stream=envelope.stream,
+                timeout_s=envelope.timeout_s,
+            ),
+        )
+
+    def _on_cancel(self, envelope: BusCancel) -> None:
+        forward = self.forwarding.remove(envelope.task_id)
+        if forward is not None:
+            self.instance.cancel_on_node(forward.conn_id, forward.task_id, envelope.reason)
+
+    # -- the bus ----------------------------------------------------------------------------
+
+    async def _read_bus(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        backoff = 0.1
+        started = False
+        while True:
+            try:
+                async with self.bus.listen(self.me) as inbox:
+                    if not started:
+                        task_status.started()
+                        started = True
+                    elif self.bus_losses:
+                        log.info("instance bus re-established")
+                    backoff = 0.1
+                    async for payload in inbox:
+                        self._dispatch(payload)
+            except CoordinationUnavailable as exc:
+                if not started:
+                    raise StartupRefused(f"cannot subscribe to the instance bus: {exc}") from None
+                self.bus_losses += 1
+                log.warning("instance bus lost (%s); failing tasks whose answers may be lost", exc)
+                self.instance.fail_remote_tasks("lost the instance bus; the answer may be lost")
+                for forward in self.forwarding.clear():
+                    self.instance.cancel_on_node(forward.conn_id, forward.task_id, "bus_lost")
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _dispatch(self, payload: bytes) -> None:
+        try:
+            envelope = decode_bus(payload)
+        except ProtocolError as exc:
+            log.warning("dropped an unreadable bus envelope: %s", exc)
+            return
+        if isinstance(envelope, BusChunk):
+            self.instance.accept_chunk(envelope.task_id, envelope.conn_id, envelope.seq, envelope.delta)
+        elif isinstance(envelope, BusResult):
+            self.instance.accept_remote_finish(envelope)
+        elif isinstance(envelope, BusNodeGone):
+            self.instance.accept_node_gone(envelope)
+        elif isinstance(envelope, BusAssign):
+            self._on_assign(envelope)
+        elif isinstance(envelope, BusCancel):
+            self._on_cancel(envelope)
+        elif isinstance(envelope, BusReplace):
+            conn = self.instance.nodes.by_conn(envelope.conn_id)
+            if conn is not None and conn.node_id == envelope.node_id:
+                self.instance.replace_connection(conn.conn_id, conn.node_id)
+
+    def _send(
+        self,
+        target: str,
+        envelope: msgspec.Struct,
+        *,
+        give_up_in: float | None = None,
+        give_up_at: float | None = None,
+        on_unreached: Callable[[], None] | None = None,
+    ) -> None:
+        if give_up_at is None:
+            give_up_at = self._clock() + (give_up_in or 5.0)
+        # One shard per task keeps a task's chunks and result in order.
+        key = getattr(envelope, "task_id", None) or getattr(envelope, "node_id", "")
+        shard = zlib.crc32(key.encode()) % SENDER_SHARDS
+        try:
+            self._outboxes[shard][0].send_nowait(
+                _Outgoing(target, encode(envelope), give_up_at, on_unreached)
+            )
+        except trio.WouldBlock:
+            log.error("bus outbox full; dropped an envelope to %s", target)
+
+    async def _drain_outbox(self, receive: trio.MemoryReceiveChannel[_Outgoing]) -> None:
+        async for item in receive:
+            while True:
+                try:
+                    reached = await self.bus.send(item.target, item.payload)
+                except CoordinationUnavailable:
+                    if self._clock() >= item.give_up_at:
+                        break
+                    await trio.sleep(OUTBOX_RETRY_S)
+                    continue
+                if reached == 0 and item.on_unreached is not None:
+                    item.on_unreached()
+                break
+
+
+async def hold_single_instance_lock(
+    coordination: Coordination,
+    instance_id: str,
+    *,
+    ttl_s: float,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """GEMMANET_MULTI_INSTANCE=0 with Redis: exactly one instance may run. A second one
+    refuses to start; the lock expires ``ttl_s`` after its holder dies."""
+    key, value = registry.SINGLE_INSTANCE_LOCK, instance_id.encode()
+    try:
+        acquired = await coordination.set(key, value, ttl_s=ttl_s, only_if_absent=True)
+        holder = None if acquired else await coordination.get(key)
+    except CoordinationUnavailable as exc:
+        raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+    if not acquired and holder != value:
+        name = holder.decode(errors="replace") if holder else "another instance"
+        raise StartupRefused(
+            f"instance {name} holds the single-instance lock in this Redis; set "
+            f"GEMMANET_MULTI_INSTANCE=1 to run several instances (the lock expires {ttl_s:g} s "
+            "after its holder stops)"
+        )
+    task_status.started()
+    try:
+        while True:
+            await trio.sleep(ttl_s / 3)
+            try:
+                if not await coordination.refresh_if(key, value, ttl_s):
+                    await coordination.set(key, value, ttl_s=ttl_s, only_if_absent=True)
+            except CoordinationUnavailable as exc:
+                log.warning("could not refresh the single-instance lock: %s", exc)
+    finally:
+        with trio.move_on_after(1), trio.CancelScope(shield=True):
+            try:
+                await coordination.compare_and_set(key, value, None)
+            except CoordinationUnavailable:
+                pass
+
+
