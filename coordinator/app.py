@@ -12,7 +12,9 @@ from quart_trio import QuartTrio
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.routes import register_routes
-from coordinator.coordination import Coordination
+from coordinator.coordination.factory import create_coordination
+from coordinator.runtime.bus import PubSubBus
+from coordinator.runtime.cluster import Cluster, hold_single_instance_lock
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.node_socket import serve_node_socket
 from coordinator.settings import Settings
@@ -21,17 +23,54 @@ from coordinator.store import Store
 log = logging.getLogger("gemmanet.app")
 
 
-def build_coordination(settings: Settings) -> Coordination:
-    """The embedded memory backend, or Redis when GEMMANET_REDIS_URL is set."""
-    if settings.redis_url:
-        from coordinator.coordination.redis import RedisCoordination
-
-        return RedisCoordination.from_url_and_password_file(
-            settings.redis_url, settings.redis_password_file, settings.key_prefix
+async def run_instance(
+    settings: Settings, *, task_status: trio.TaskStatus[Instance] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Everything one instance runs besides its HTTP server, for as long as it is cancelled."""
+    store = await trio.to_thread.run_sync(Store.open, settings.database_url)
+    try:
+        coordination = create_coordination(
+            settings.redis_url,
+            password_file=settings.redis_password_file,
+            key_prefix=settings.key_prefix,
+            clock=trio.current_time,
         )
-    from coordinator.coordination.memory import MemoryCoordination
+        async with coordination, trio.open_nursery() as nursery:
+            instance = Instance(settings, store, coordination)
+            if settings.redis_url and not settings.multi_instance:
+                await nursery.start(
+                    lambda task_status: hold_single_instance_lock(
+                        coordination,
+                        settings.instance_id,
+                        ttl_s=settings.lock_ttl_s,
+                        task_status=task_status,
+                    )
+                )
+            if settings.multi_instance:
+                instance.cluster = Cluster(instance, coordination, make_bus(settings, coordination))
+            try:
+                await nursery.start(instance.run)
+                log.info(
+                    "instance %s serving (coordination: %s%s)",
+                    settings.instance_id,
+                    coordination.kind,
+                    ", multi-instance" if settings.multi_instance else "",
+                )
+                task_status.started(instance)
+                await trio.sleep_forever()
+            finally:
+                if instance.cluster is not None:
+                    await instance.cluster.aclose()
+    finally:
+        store.close()
 
-    return MemoryCoordination(clock=trio.current_time)
+
+def make_bus(settings: Settings, coordination):  # type: ignore[no-untyped-def]
+    if settings.bus == "streams":
+        from coordinator.coordination.streams_bus import StreamsBus
+
+        return StreamsBus(coordination)
+    return PubSubBus(coordination)
 
 
 def create_app(settings: Settings | None = None) -> QuartTrio:
@@ -61,24 +100,6 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
 
     @app.before_serving
     async def start_instance() -> None:
-        store = await trio.to_thread.run_sync(Store.open, settings.database_url)
-        coordination = build_coordination(settings)
-        instance = Instance(settings, store, coordination)
-        app.config["GEMMANET_INSTANCE"] = instance
-        app.config["GEMMANET_CANCEL"] = cancel = trio.CancelScope()
-
-        async def supervise(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
-            with cancel:
-                await instance.run(task_status=task_status)
-
-        await app.nursery.start(supervise)
-        log.info("instance %s serving (coordination: %s)", settings.instance_id, coordination.kind)
-
-    @app.after_serving
-    async def stop_instance() -> None:
-        instance: Instance = app.config["GEMMANET_INSTANCE"]
-        app.config["GEMMANET_CANCEL"].cancel()
-        await instance.coordination.aclose()
-        instance.store.close()
+        app.config["GEMMANET_INSTANCE"] = await app.nursery.start(run_instance, settings)
 
     return app

@@ -135,7 +135,7 @@ def register_routes(app: Quart) -> None:
 async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Any:
     """Server-sent events. The first event is awaited before answering 200, so a task that
     fails before producing anything still gets its proper status (502/503/504)."""
-    handle = inst.start_task(
+    handle = await inst.start_task(
         key_id=api_key.key_id,
         model=body.model,
         prompt=body.prompt,

@@ -1,13 +1,14 @@
 """The Redis/Valkey coordination backend, on coredis connections under trio.
 
 Why it talks to coredis connections directly instead of ``coredis.Redis``: the high-level client
-adds a pool, retries and telemetry around every command and managed ~4.7k ops/s on the reference
-box, where one multiplexed connection does ~15k. coredis still does the hard parts: RESP3
-parsing, pipelined writes, TLS (``rediss://``) and the HELLO/AUTH handshake.
+adds a pool, retries and telemetry around every command and managed ~5k GET/s with 50 trio tasks
+on the reference box (2 cores, Redis on the same box), where one multiplexed connection does
+12-16k. coredis still does the hard parts: RESP3 parsing, pipelined writes, TLS (``rediss://``)
+and the HELLO/AUTH handshake.
 
 Failure model (see ``base.Coordination``):
 
-* every operation runs under ``trio.fail_after(op_timeout_s)``; a timeout, a refused or broken
+* every operation is bounded by ``op_timeout_s`` as a whole; a timeout, a refused or broken
   connection, or any Redis error surfaces as ``CoordinationUnavailable``, never a raw coredis
   exception and never a hang;
 * a timed-out connection is dropped, and the next operation opens a fresh one, so the same object
@@ -30,19 +31,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
-import anyio
 import trio
 from coredis import BaseConnection, ConnectionPool
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import NoScriptError, RedisError, ResponseError, WrongTypeError
+from coredis.exceptions import NoScriptError, RedisError, ResponseError
 
 from coordinator.coordination.base import (
     Coordination,
     CoordinationUnavailable,
     RateDecision,
     Subscription,
+)
+from coordinator.coordination.redis_errors import (
+    caused_by_cancellation,
+    describe,
+    is_failure,
+    misuse,
+    redact_url,
 )
 from coordinator.coordination.redis_scripts import (
     COMPARE_AND_SET,
@@ -51,6 +57,7 @@ from coordinator.coordination.redis_scripts import (
     REFRESH_IF,
     LuaScript,
 )
+from coordinator.coordination.redis_subscription import RedisSubscription
 
 __all__ = ["RedisCoordination", "RedisSubscription", "redact_url"]
 
@@ -58,33 +65,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: what "Redis cannot be reached" looks like from below (ssl.SSLError and TimeoutError are OSError)
-_FAILURES: tuple[type[BaseException], ...] = (
-    RedisError,
-    OSError,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-    trio.BrokenResourceError,
-    trio.ClosedResourceError,
-)
-
-_KEEPALIVE_FAILURES: tuple[type[BaseException], ...] = (trio.TooSlowError, *_FAILURES)
-
 DEFAULT_SUBSCRIBER_BUFFER = 10_000
 _SCAN_COUNT = 1000
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _ttl_ms(ttl_s: float | None) -> str:
@@ -97,73 +79,6 @@ def _ttl_ms(ttl_s: float | None) -> str:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "\\*?[]" else ch for ch in text)
-
-
-def _describe(exc: BaseException) -> str:
-    """The message plus its root cause, which coredis wraps ("Unable to establish a connection"
-    hides "certificate verify failed" or "Connection refused")."""
-    text = str(exc) or type(exc).__name__
-    root: BaseException = exc
-    seen = {id(exc)}
-    while True:
-        if isinstance(root, BaseExceptionGroup) and root.exceptions:
-            nxt: BaseException | None = root.exceptions[0]
-        else:
-            nxt = root.__cause__ or root.__context__
-        if nxt is None or id(nxt) in seen:
-            break
-        seen.add(id(nxt))
-        root = nxt
-    if root is not exc and str(root) and str(root) not in text:
-        text += f" ({type(root).__name__}: {root})"
-    return text
-
-
-def _misuse(exc: ResponseError, what: str) -> Exception | None:
-    """Errors that are the caller's fault, raised like the memory backend raises them."""
-    if isinstance(exc, WrongTypeError):
-        return TypeError(f"{what}: the key holds another kind of value ({exc})")
-    if "not an integer" in str(exc):
-        return ValueError(f"{what}: the value is not an integer ({exc})")
-    return None
-
-
-def _caused_by_cancellation(exc: BaseException) -> bool:
-    seen: set[int] = set()
-    pending = [exc]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, trio.Cancelled):
-            return True
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-    return False
-
-
-class _QuietConnectionFailures(logging.Filter):
-    """coredis logs every failed or lost connection with a traceback, at ERROR for failures in
-    its handshake; this backend reports those as CoordinationUnavailable instead, so an outage
-    does not flood the log with one traceback per operation."""
-
-    _MESSAGES = frozenset(
-        {"Connection attempt failed unexpectedly!", "Connection closed unexpectedly!"}
-    )
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg not in self._MESSAGES
-
-
-logging.getLogger("coredis").addFilter(_QuietConnectionFailures())
-
-
-def _is_failure(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_failure(inner) for inner in exc.exceptions)
-    return isinstance(exc, _FAILURES)
 
 
 class _Operation:
@@ -185,94 +100,6 @@ class _TaskStatusProbe:
     def started(self, value: None = None) -> None:
         self.started_called = True
         self._task_status.started(value)
-
-
-class RedisSubscription(Subscription):
-    """Messages of one channel, read from a dedicated connection."""
-
-    def __init__(self, owner: RedisCoordination, channel: str, buffer: int) -> None:
-        self._owner = owner
-        self._channel = channel
-        self._channel_bytes = owner._name(channel).encode()
-        self._send, self._receive = trio.open_memory_channel[bytes](buffer)
-        self._connection: BaseConnection | None = None
-        self._subscribed = trio.Event()  # set on the SUBSCRIBE ack, or when the pump ends
-        self._unsubscribed = trio.Event()
-        self._pump_done = False
-        self._closing = False
-        #: messages lost because this subscriber's buffer was full
-        self.dropped = 0
-
-    def __aiter__(self) -> RedisSubscription:
-        return self
-
-    async def __anext__(self) -> bytes:
-        keepalive_s = self._owner.subscription_keepalive_s
-        while True:
-            got: bytes | None = None
-            ended = False
-            with trio.move_on_after(keepalive_s):
-                try:
-                    got = await self._receive.receive()
-                except (trio.EndOfChannel, trio.ClosedResourceError):
-                    ended = True
-            if got is not None:
-                return got
-            if ended:
-                if self._closing or self._owner.closed:
-                    raise StopAsyncIteration
-                raise CoordinationUnavailable(
-                    f"lost the Redis subscription to {self._channel!r}; messages may be lost"
-                )
-            # Idle: make sure the server is still there (a SIGSTOPped or unplugged Redis sends
-            # no FIN, so without this a dead subscription would just look quiet).
-            await self._keepalive()
-
-    async def _keepalive(self) -> None:
-        connection = self._connection
-        try:
-            if connection is None:
-                raise RedisConnectionError("subscription has no connection")
-            with trio.fail_after(self._owner.op_timeout_s):
-                await connection.create_request(b"PING", decode=False)
-        except _KEEPALIVE_FAILURES as exc:
-            if connection is not None:
-                connection.invalidate("subscription keepalive failed")
-            raise CoordinationUnavailable(
-                f"Redis stopped answering on the subscription to {self._channel!r}"
-            ) from exc
-
-    async def _pump(
-        self,
-        connection: BaseConnection,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Move push messages from the connection into the bounded channel."""
-        task_status.started()
-        try:
-            async for push in connection.push_messages:
-                kind = push[0]
-                payload = push[2] if len(push) > 2 else None
-                if kind == b"message" and push[1] == self._channel_bytes:
-                    assert isinstance(payload, bytes)
-                    try:
-                        self._send.send_nowait(payload)
-                    except trio.WouldBlock:
-                        self.dropped += 1
-                elif kind == b"subscribe":
-                    self._subscribed.set()
-                elif kind == b"unsubscribe":
-                    self._unsubscribed.set()
-        # Whatever ends the pump (normally the connection closing), the iterator reports it;
-        # it must never crash the coordination's nursery.
-        except Exception as exc:  # noqa: BLE001
-            log.debug("subscription pump for %r ended: %r", self._channel, exc)
-        finally:
-            self._pump_done = True
-            self._subscribed.set()
-            self._unsubscribed.set()
-            self._send.close()
 
 
 class RedisCoordination(Coordination):
@@ -464,17 +291,17 @@ class RedisCoordination(Coordination):
             with scope:
                 return await operation(op)
         except BaseException as exc:
-            if isinstance(exc, CoordinationUnavailable) or not _is_failure(exc):
+            if isinstance(exc, CoordinationUnavailable) or not is_failure(exc):
                 raise
-            if isinstance(exc, ResponseError) and (misuse := _misuse(exc, what)) is not None:
-                raise misuse from exc
+            if isinstance(exc, ResponseError) and (wrong := misuse(exc, what)) is not None:
+                raise wrong from exc
             if not scope.cancel_called:
-                if _caused_by_cancellation(exc):
+                if caused_by_cancellation(exc):
                     # coredis turns a cancellation that hits its handshake into
                     # ConnectionError; let an outer cancellation win over our report.
                     await trio.lowlevel.checkpoint_if_cancelled()
                 raise CoordinationUnavailable(
-                    f"Redis at {self.url} failed on {what}: {_describe(exc)}"
+                    f"Redis at {self.url} failed on {what}: {describe(exc)}"
                 ) from exc
             # Our deadline, reported by coredis as ConnectionError: a timeout after all.
         if op.waiting_on is not None:
@@ -621,7 +448,9 @@ class RedisCoordination(Coordination):
     @asynccontextmanager
     async def _subscribe(self, channel: str) -> AsyncIterator[RedisSubscription]:
         nursery = self._require_nursery()
-        subscription = RedisSubscription(self, channel, self._subscriber_buffer)
+        subscription = RedisSubscription(
+            self, channel, self._name(channel), self._subscriber_buffer
+        )
         connection: BaseConnection | None = None
 
         async def open_and_subscribe(op: _Operation) -> None:

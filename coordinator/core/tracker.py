@@ -105,6 +105,10 @@ class TaskTracker:
             self.close(task_id)
         return verdict
 
+    def forget(self, task_id: str) -> None:
+        """Undo ``open`` for a task that was never sent anywhere (placement failed)."""
+        self._pending.pop(task_id, None)
+
     def close(self, task_id: str) -> PendingTask | None:
         """The task ended (answered, failed, timed out or abandoned by its client)."""
         task = self._pending.pop(task_id, None)

@@ -1,8 +1,8 @@
 """One coordinator instance: its node connections, its pending tasks, and their supervision.
 
-Local nodes are served directly from the NodeTable; every answer a node sends is checked by
-the TaskTracker before it reaches the waiting request. The instance's nursery supervises the
-silence watchdog and the ratings refresher.
+Local nodes are served directly from the NodeTable (no Redis on that path); nodes on other
+instances are reached through the Cluster (multi-instance mode only). Every answer, local or
+from the bus, is checked by the TaskTracker before it reaches the waiting request.
 """
 
 from __future__ import annotations
@@ -13,21 +13,24 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.core import registry
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.core.placement import NodeView, choose_node
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.errors import (
+    AllNodesBusy,
     CoordinationDown,
     GemmaNetError,
     NodeDisconnected,
     NodeFailed,
     RateLimited,
     TaskTimedOut,
-    Unavailable,
 )
 from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.task_handle import (
@@ -39,17 +42,41 @@ from coordinator.runtime.task_handle import (
 )
 from coordinator.settings import Settings
 from coordinator.store import Store, TaskRecord
-from protocol import Assign, Cancel, Chunk, Error, Heartbeat, Hello, Result
+from protocol import (
+    Assign,
+    BusNodeGone,
+    BusResult,
+    Cancel,
+    Chunk,
+    Error,
+    Heartbeat,
+    Hello,
+    Result,
+)
+
+if TYPE_CHECKING:
+    from coordinator.runtime.cluster import Cluster
 
 log = logging.getLogger("gemmanet.instance")
 
-# Close code for a node silent past its heartbeat deadline (an extension of INTERFACE.md's
-# 4000-4002; the agent reconnects on it like on any other loss).
-CLOSE_HEARTBEAT_TIMEOUT = 4003
 CLOSE_REPLACED = 4000
+# A node silent past its heartbeat deadline (an extension of INTERFACE.md's 4000-4002; the agent
+# reconnects on it like on any other loss).
+CLOSE_HEARTBEAT_TIMEOUT = 4003
 # Node-reported errors that mean "not now" rather than "this task is broken".
-_NODE_BUSY_CODES = {"node_busy", "node_draining"}
+_BUSY_CODES = {"node_busy", "node_draining", "all_nodes_busy"}
 RATINGS_REFRESH_S = 15.0
+# How often a request re-places its task when the instance it chose turned out to be gone.
+PLACEMENT_ATTEMPTS = 3
+
+
+def failure_error(node_id: str, code: str, message: str) -> GemmaNetError:
+    """The client-facing error for a task failure a node (or its owner instance) reported."""
+    if code in _BUSY_CODES:
+        return AllNodesBusy(f"node {node_id} refused the task: {message}", retry_after_s=1)
+    if code == "node_disconnected":
+        return NodeDisconnected(message)
+    return NodeFailed(f"node {node_id} failed the task ({code}): {message}")
 
 
 class Instance:
@@ -67,21 +94,25 @@ class Instance:
         self.instance_id = settings.instance_id
         self.store = store
         self.coordination = coordination
+        self.cluster: Cluster | None = None
         self.nodes = NodeTable()
         self.tracker = TaskTracker()
         self.ratings: dict[str, tuple[float, int]] = {}
-        self._clock = clock
+        self.clock = clock
         self._wall_clock = wall_clock
         self._rng = rng or random.Random()
         self._ids = random.Random(self._rng.getrandbits(64)) if rng else random.SystemRandom()
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
-        self.started_at = wall_clock()
+        self._nursery: trio.Nursery | None = None
 
     # -- supervision ------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.cluster is not None:
+                await nursery.start(self.cluster.run)
             nursery.start_soon(self._drop_silent_nodes)
             nursery.start_soon(self._refresh_ratings)
             nursery.start_soon(self._sweep_expired_tasks)
@@ -92,11 +123,11 @@ class Instance:
         deadline = interval * self.settings.heartbeat_misses
         while True:
             await trio.sleep(interval)
-            for conn in self.nodes.silent(self._clock(), deadline):
+            for conn in self.nodes.silent(self.clock(), deadline):
                 log.warning("node %s silent for over %.1f s; dropping it", conn.node_id, deadline)
                 self._close_link(conn.conn_id, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
                 # Fail its tasks now: the socket may take a while to notice it is dead.
-                self.detach_node(conn)
+                self.detach_node(conn, "stopped sending heartbeats")
 
     async def _refresh_ratings(self) -> None:
         while True:
@@ -106,14 +137,30 @@ class Instance:
                 log.exception("could not refresh node ratings")
             await trio.sleep(RATINGS_REFRESH_S)
 
+    async def _sweep_expired_tasks(self) -> None:
+        """Safety net for handles nobody ended (a client that vanished before its stream
+        began): past its deadline a task fails, and its node is told to stop."""
+        while True:
+            await trio.sleep(1.0)
+            for task in self.tracker.expired(self.clock()):
+                self._deliver(task.task_id, FailedEvent(TaskTimedOut(f"task {task.task_id} timed out")))
+                self._waiting.pop(task.task_id, None)
+                self._cancel(task.owner_instance, task.conn_id, task.task_id, "task_timeout")
+
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{self._ids.getrandbits(96):024x}"
 
+    def _spawn(self, fn: Callable[..., object], *args: object) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+
     # -- node side --------------------------------------------------------------------------
 
-    def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection:
-        """Register an authenticated connection; an older one of the same identity gets 4000."""
-        now = self._clock()
+    async def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection:
+        """Register an authenticated connection; an older one of the same identity (here or on
+        any instance) is closed with 4000. Raises CoordinationUnavailable when ownership
+        cannot be recorded (the node retries later)."""
+        now = self.clock()
         conn = NodeConnection(
             conn_id=self.new_id("c-"),
             node_id=hello.node_id,
@@ -133,21 +180,40 @@ class Instance:
                 CLOSE_REPLACED,
                 f"replaced by a newer connection of node {hello.node_id}",
             )
-            self._fail_tasks_of(replaced, "replaced by a newer connection")
+            self._forget_connection(replaced, "was replaced by a newer connection")
+        if self.cluster is not None:
+            try:
+                await self.cluster.claim(conn)
+            except BaseException:
+                self.detach_node(conn, "could not be registered")
+                raise
         return conn
 
-    def detach_node(self, conn: NodeConnection) -> None:
+    def detach_node(self, conn: NodeConnection, why: str = "disconnected") -> None:
         """The connection is gone: forget it and fail its pending tasks at once (502)."""
+        if self.nodes.by_conn(conn.conn_id) is None and conn.conn_id not in self._links:
+            return
         self.nodes.unregister(conn.conn_id)
-        self._links.pop(conn.conn_id, None)
-        self._fail_tasks_of(conn, "disconnected")
+        self._forget_connection(conn, why)
+        if self.cluster is not None:
+            self._spawn(self.cluster.release, conn)
 
-    def _fail_tasks_of(self, conn: NodeConnection, why: str) -> None:
+    def replace_connection(self, conn_id: str, node_id: str) -> None:
+        """A newer connection of the node exists on another instance: close ours with 4000."""
+        conn = self.nodes.by_conn(conn_id)
+        self._close_link(conn_id, CLOSE_REPLACED, f"replaced by a newer connection of node {node_id}")
+        if conn is not None:
+            self.nodes.unregister(conn_id)
+            self._forget_connection(conn, "was replaced by a newer connection")
+
+    def _forget_connection(self, conn: NodeConnection, why: str) -> None:
+        self._links.pop(conn.conn_id, None)
         for task in self.tracker.fail_connection(conn.conn_id):
             self._deliver(
-                task.task_id,
-                FailedEvent(NodeDisconnected(f"node {conn.node_id} {why} during the task")),
+                task.task_id, FailedEvent(NodeDisconnected(f"node {conn.node_id} {why} during the task"))
             )
+        if self.cluster is not None:
+            self.cluster.connection_lost(conn, why)
         conn.tasks.clear()
 
     def _close_link(self, conn_id: str, code: int, reason: str) -> None:
@@ -155,46 +221,71 @@ class Instance:
         if link is not None:
             link.request_close(code, reason)
 
+    def send_to_node(self, conn_id: str, envelope: msgspec.Struct) -> None:
+        link = self._links.get(conn_id)
+        if link is not None:
+            link.send_nowait(envelope)
+
+    def cancel_on_node(self, conn_id: str, task_id: str, reason: str) -> None:
+        """Tell a local node to stop a task and free its slot."""
+        conn = self.nodes.by_conn(conn_id)
+        if conn is not None:
+            conn.tasks.discard(task_id)
+        self.send_to_node(conn_id, Cancel(task_id=task_id, reason=reason))
+
     def on_node_envelope(self, conn: NodeConnection, envelope: object) -> None:
-        """An envelope arrived on ``conn``. Answers are checked against the tracker first."""
-        self.nodes.touch(conn.conn_id, self._clock())
+        """An envelope arrived on ``conn``. Answers are checked against the tracker (tasks
+        requested here) or the forwarding table (tasks requested on other instances)."""
+        self.nodes.touch(conn.conn_id, self.clock())
         if isinstance(envelope, Heartbeat):
             return
+        if self.cluster is not None and self.cluster.forward_answer(conn, envelope):
+            return
         if isinstance(envelope, Chunk):
-            verdict, deltas = self.tracker.on_chunk(
-                envelope.task_id, conn.conn_id, envelope.seq, envelope.delta
-            )
-            for delta in deltas:
-                self._deliver(envelope.task_id, ChunkEvent(delta))
-            if verdict is Verdict.OVERFLOW:
-                self._finish(
-                    conn,
-                    envelope.task_id,
-                    FailedEvent(NodeFailed(f"node {conn.node_id} sent chunks out of order")),
-                )
-            return
-        if isinstance(envelope, Result):
-            self._finish(conn, envelope.task_id, DoneEvent(envelope.output))
-            return
-        if isinstance(envelope, Error):
+            self.accept_chunk(envelope.task_id, conn.conn_id, envelope.seq, envelope.delta)
+        elif isinstance(envelope, Result):
+            self._accept_finish(envelope.task_id, conn.conn_id, DoneEvent(envelope.output))
+        elif isinstance(envelope, Error):
             if envelope.task_id is None:
                 log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
                 return
-            error: GemmaNetError
-            if envelope.code in _NODE_BUSY_CODES:
-                error = Unavailable(
-                    f"node {conn.node_id} refused the task: {envelope.message}",
-                    code="all_nodes_busy",
-                )
-            else:
-                error = NodeFailed(
-                    f"node {conn.node_id} failed the task ({envelope.code}): {envelope.message}"
-                )
-            self._finish(conn, envelope.task_id, FailedEvent(error))
+            error = failure_error(conn.node_id, envelope.code, envelope.message)
+            self._accept_finish(envelope.task_id, conn.conn_id, FailedEvent(error))
 
-    def _finish(self, conn: NodeConnection, task_id: str, event: TaskEvent) -> None:
-        if self.tracker.on_finish(task_id, conn.conn_id) is Verdict.ACCEPTED:
-            conn.tasks.discard(task_id)
+    # -- answers, local or from the bus -----------------------------------------------------
+
+    def accept_chunk(self, task_id: str, conn_id: str, seq: int, delta: str) -> None:
+        verdict, deltas = self.tracker.on_chunk(task_id, conn_id, seq, delta)
+        for piece in deltas:
+            self._deliver(task_id, ChunkEvent(piece))
+        if verdict is Verdict.OVERFLOW:
+            task = self.tracker.get(task_id)
+            if task is not None:
+                error = NodeFailed(f"node {task.node_id} sent chunks too far out of order")
+                self._accept_finish(task_id, conn_id, FailedEvent(error))
+
+    def accept_remote_finish(self, envelope: BusResult) -> None:
+        event: TaskEvent
+        if envelope.failure is not None:
+            error = failure_error(envelope.node_id, envelope.failure.code, envelope.failure.message)
+            event = FailedEvent(error)
+        else:
+            event = DoneEvent(envelope.output or "")
+        self._accept_finish(envelope.task_id, envelope.conn_id, event)
+
+    def accept_node_gone(self, envelope: BusNodeGone) -> None:
+        error = NodeDisconnected(
+            f"node {envelope.node_id} went away during the task ({envelope.reason or 'disconnected'})"
+        )
+        self._accept_finish(envelope.task_id, envelope.conn_id, FailedEvent(error))
+
+    def _accept_finish(self, task_id: str, conn_id: str, event: TaskEvent) -> None:
+        task = self.tracker.get(task_id)
+        if self.tracker.on_finish(task_id, conn_id) is Verdict.ACCEPTED:
+            if task is not None and task.owner_instance == self.instance_id:
+                conn = self.nodes.by_conn(conn_id)
+                if conn is not None:
+                    conn.tasks.discard(task_id)
             self._deliver(task_id, event)
 
     def _deliver(self, task_id: str, event: TaskEvent) -> None:
@@ -202,10 +293,33 @@ class Instance:
         if channel is not None:
             channel.send_nowait(event)
 
+    def fail_tasks_of_dead_owners(self, alive: set[str]) -> None:
+        for task in self.tracker.fail_tasks_of_dead_owners(alive):
+            self._deliver(
+                task.task_id,
+                FailedEvent(
+                    NodeDisconnected(
+                        f"instance {task.owner_instance} serving node {task.node_id} went away"
+                    )
+                ),
+            )
+
+    def fail_remote_tasks(self, why: str) -> None:
+        """Every task waiting on another instance ends now (its answer may have been lost)."""
+        self.fail_tasks_of_dead_owners({self.instance_id})
+        _ = why
+
     # -- request side -----------------------------------------------------------------------
 
     def node_views(self) -> list[NodeView]:
-        return self.nodes.views(self.instance_id, self.ratings)
+        local = self.nodes.views(self.instance_id, self.ratings)
+        if self.cluster is None:
+            return local
+        # A node being replaced across instances may briefly show twice: the local
+        # connection, when there is one, is the newest this instance knows of.
+        local_ids = {v.node_id for v in local}
+        remote = [v for v in self.cluster.remote_views(self.ratings) if v.node_id not in local_ids]
+        return local + remote
 
     async def check_rate_limit(self, key_id: str) -> None:
         limit, period = self.settings.rate_limit
@@ -221,36 +335,27 @@ class Instance:
                 retry_after_s=decision.retry_after_s,
             )
 
-    def start_task(
+    async def start_task(
         self, *, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
     ) -> TaskHandle:
         """Place a task on a node and send it there. The caller must ``end_task`` the handle
         (``open_task`` does it); a handle that is never ended is swept at its deadline."""
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
-        view = choose_node(self.node_views(), model, rng=self._rng)
-        conn = self.nodes.by_conn(view.conn_id)
-        link = self._links.get(view.conn_id)
-        if conn is None or link is None:  # cannot happen for local views; keep it honest
-            raise NodeDisconnected(f"node {view.node_id} went away before the task was sent")
         task_id = self.new_id("t-")
-        deadline = self._clock() + timeout
+        deadline = self.clock() + timeout
+        assign = Assign(task_id=task_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout)
         send, receive = trio.open_memory_channel[TaskEvent](math.inf)
-        self.tracker.open(
-            task_id,
-            node_id=conn.node_id,
-            conn_id=conn.conn_id,
-            owner_instance=self.instance_id,
-            deadline=deadline,
-        )
         self._waiting[task_id] = send
-        conn.tasks.add(task_id)
-        link.send_nowait(
-            Assign(task_id=task_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout)
-        )
+        try:
+            view = await self._place(assign, deadline)
+        except BaseException:
+            self._waiting.pop(task_id, None)
+            raise
         return TaskHandle(
             task_id=task_id,
-            node_id=conn.node_id,
-            conn_id=conn.conn_id,
+            node_id=view.node_id,
+            conn_id=view.conn_id,
+            owner_instance=view.instance_id,
             events=receive,
             deadline=deadline,
             timeout_s=timeout,
@@ -260,6 +365,36 @@ class Instance:
             created_at=self._wall_clock(),
         )
 
+    async def _place(self, assign: Assign, deadline: float) -> NodeView:
+        for _ in range(PLACEMENT_ATTEMPTS):
+            view = choose_node(self.node_views(), assign.model, rng=self._rng)
+            self.tracker.open(
+                assign.task_id,
+                node_id=view.node_id,
+                conn_id=view.conn_id,
+                owner_instance=view.instance_id,
+                deadline=deadline,
+            )
+            if view.instance_id == self.instance_id:
+                conn = self.nodes.by_conn(view.conn_id)
+                assert conn is not None, "a local view always has its connection"
+                conn.tasks.add(assign.task_id)
+                self.send_to_node(conn.conn_id, assign)
+                return view
+            assert self.cluster is not None
+            try:
+                if await self.cluster.dispatch(view, assign):
+                    return view
+            except CoordinationUnavailable as exc:
+                self.tracker.forget(assign.task_id)
+                raise CoordinationDown(f"cannot reach the instance bus: {exc}") from None
+            except BaseException:
+                self.tracker.forget(assign.task_id)
+                raise
+            # The owner instance is gone: forget it and place again.
+            self.tracker.forget(assign.task_id)
+        raise NodeDisconnected(f"the instances serving model {assign.model!r} went away")
+
     async def end_task(self, handle: TaskHandle, outcome: str) -> None:
         """The request is done with its task (``outcome``: "ok" or an error code). Cancels it
         on the node if it is still running, and records it. Idempotent."""
@@ -267,26 +402,25 @@ class Instance:
             return
         handle.outcome = outcome
         self._waiting.pop(handle.task_id, None)
-        if self.tracker.close(handle.task_id) is not None:
+        task = self.tracker.close(handle.task_id)
+        if task is not None:
             # Nobody waits for the answer any more: free the node's slot and tell the node.
-            self._cancel_on_node(handle.conn_id, handle.task_id, outcome)
+            self._cancel(task.owner_instance, task.conn_id, task.task_id, outcome)
         with trio.CancelScope(shield=True):
             await self._record(handle)
 
-    def _cancel_on_node(self, conn_id: str, task_id: str, reason: str) -> None:
-        conn = self.nodes.by_conn(conn_id)
-        if conn is not None:
-            conn.tasks.discard(task_id)
-        link = self._links.get(conn_id)
-        if link is not None:
-            link.send_nowait(Cancel(task_id=task_id, reason=reason))
+    def _cancel(self, owner_instance: str, conn_id: str, task_id: str, reason: str) -> None:
+        if owner_instance == self.instance_id:
+            self.cancel_on_node(conn_id, task_id, reason)
+        elif self.cluster is not None:
+            self.cluster.cancel_remote(owner_instance, task_id, reason)
 
     @asynccontextmanager
     async def open_task(
         self, *, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
     ) -> AsyncIterator[TaskHandle]:
         """``start_task`` … ``end_task`` as a block; leaving it early cancels the task."""
-        handle = self.start_task(
+        handle = await self.start_task(
             key_id=key_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout_s
         )
         outcome = "internal_error"
@@ -301,16 +435,6 @@ class Instance:
             raise
         finally:
             await self.end_task(handle, outcome)
-
-    async def _sweep_expired_tasks(self) -> None:
-        """Safety net for handles nobody ended (a client that vanished before its stream
-        began): past its deadline a task fails, and the node is told to stop."""
-        while True:
-            await trio.sleep(1.0)
-            for task in self.tracker.expired(self._clock()):
-                self._deliver(task.task_id, FailedEvent(TaskTimedOut(f"task {task.task_id} timed out")))
-                self._waiting.pop(task.task_id, None)
-                self._cancel_on_node(task.conn_id, task.task_id, "task_timeout")
 
     async def _record(self, handle: TaskHandle) -> None:
         outcome = handle.outcome or "ok"
@@ -332,31 +456,49 @@ class Instance:
         except Exception:  # noqa: BLE001 - the client already has its answer; keep serving
             log.exception("could not record task %s", handle.task_id)
 
-    # -- status ---------------------------------------------------------------------------
+    # -- status -----------------------------------------------------------------------------
 
     async def cluster_status(self) -> dict[str, int]:
+        mine = {c.node_id for c in self.nodes.connections()}
+        if self.cluster is None:
+            return {"online_nodes": len(mine), "instances": 1, "in_flight": len(self.tracker)}
+        peers = self.cluster.peer_snapshots()
         return {
-            "online_nodes": len(self.nodes),
-            "instances": 1,
-            "in_flight": len(self.tracker),
+            "online_nodes": len(mine | registry.online_node_ids(peers)),
+            "instances": 1 + len(peers),
+            "in_flight": len(self.tracker) + sum(p.in_flight for p in peers),
         }
 
     async def cluster_nodes(self) -> list[dict[str, object]]:
-        infos: list[dict[str, object]] = []
+        infos: dict[str, dict[str, object]] = {}
         for conn in self.nodes.connections():
-            mean, count = self.ratings.get(conn.node_id, (None, 0))
-            infos.append(
-                {
-                    "node_id": conn.node_id,
-                    "instance_id": self.instance_id,
-                    "models": sorted(conn.models),
-                    "max_parallel": conn.max_parallel,
-                    "in_flight": conn.in_flight,
-                    "vram_gb": conn.vram_gb,
-                    "rating": mean,
-                    "ratings": count,
-                    "agent_version": conn.agent_version,
-                    "connected_at": conn.connected_at,
-                }
-            )
-        return infos
+            infos[conn.node_id] = {
+                "node_id": conn.node_id,
+                "instance_id": self.instance_id,
+                "models": sorted(conn.models),
+                "max_parallel": conn.max_parallel,
+                "in_flight": conn.in_flight,
+                "vram_gb": conn.vram_gb,
+                "agent_version": conn.agent_version,
+                "connected_at": conn.connected_at,
+            }
+        if self.cluster is not None:
+            for snap in self.cluster.peer_snapshots():
+                for entry in snap.nodes:
+                    infos.setdefault(
+                        entry.node_id,
+                        {
+                            "node_id": entry.node_id,
+                            "instance_id": snap.instance_id,
+                            "models": list(entry.models),
+                            "max_parallel": entry.max_parallel,
+                            "in_flight": entry.in_flight,
+                            "vram_gb": entry.vram_gb,
+                            "agent_version": entry.agent_version,
+                            "connected_at": entry.connected_at,
+                        },
+                    )
+        for node_id, info in infos.items():
+            mean, count = self.ratings.get(node_id, (None, 0))
+            info["rating"], info["ratings"] = mean, count
+        return [infos[k] for k in sorted(infos)]

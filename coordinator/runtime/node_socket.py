@@ -11,6 +11,7 @@ from typing import Protocol
 
 import trio
 
+from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.node_table import NodeConnection
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.node_link import NodeLink
@@ -28,6 +29,7 @@ from protocol import (
 
 log = logging.getLogger("gemmanet.node_socket")
 
+CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_AUTH_FAILED = 4001
 CLOSE_PROTOCOL_ERROR = 4002
 HELLO_TIMEOUT_S = 10.0
@@ -87,7 +89,11 @@ async def _serve_authenticated(
     instance: Instance, socket: NodeSocket, hello: Hello
 ) -> tuple[int, str]:
     link = NodeLink()
-    conn = instance.attach_node(hello, link)
+    try:
+        conn = await instance.attach_node(hello, link)
+    except CoordinationUnavailable as exc:
+        log.warning("refusing node %s for now: %s", hello.node_id, exc)
+        return CLOSE_TRY_AGAIN_LATER, "coordination store unavailable; reconnect later"
     log.info("node %s connected (%s) serving %s", hello.node_id, conn.conn_id, sorted(conn.models))
     try:
         await socket.send(

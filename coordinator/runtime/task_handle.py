@@ -36,6 +36,7 @@ class TaskHandle:
         task_id: str,
         node_id: str,
         conn_id: str,
+        owner_instance: str,
         events: trio.MemoryReceiveChannel[TaskEvent],
         deadline: float,
         timeout_s: float,
@@ -47,6 +48,7 @@ class TaskHandle:
         self.task_id = task_id
         self.node_id = node_id
         self.conn_id = conn_id
+        self.owner_instance = owner_instance
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.key_id = key_id
