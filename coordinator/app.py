@@ -100,6 +100,8 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
 
     @app.before_serving
     async def start_instance() -> None:
-        app.config["GEMMANET_INSTANCE"] = await app.nursery.start(run_instance, settings)
+        # `gemmanet serve` starts the instance itself; a bare `hypercorn ...create_app()` does not.
+        if app.config.get("GEMMANET_INSTANCE") is None:
+            app.config["GEMMANET_INSTANCE"] = await app.nursery.start(run_instance, settings)
 
     return app

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from coordinator.errors import SettingsError
+from coordinator.runtime.cluster import StartupRefused
 from coordinator.settings import Settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -133,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except SettingsError as exc:
         return _fail(str(exc), 2)
+    except StartupRefused as exc:
+        return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return 130
 

@@ -1,4 +1,7 @@
-"""Running the app on Hypercorn's trio worker (``gemmanet serve``)."""
+"""Running the app on Hypercorn's trio worker (``gemmanet serve``).
+
+The instance starts before the HTTP server, so a refusal to start (the single-instance lock is
+held, Redis is unreachable) ends the command with one line instead of a lifespan traceback."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from coordinator.app import create_app
+from coordinator.app import create_app, run_instance
+from coordinator.runtime.cluster import StartupRefused
 from coordinator.settings import Settings
 from protocol import MAX_ENVELOPE_BYTES
 
@@ -21,6 +25,17 @@ def hypercorn_config(host: str, port: int) -> Config:
     config.accesslog = None
     config.errorlog = "-"
     return config
+
+
+def _startup_refusal(exc: BaseException) -> StartupRefused | None:
+    if isinstance(exc, StartupRefused):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _startup_refusal(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def serve(settings: Settings, *, host: str, port: int) -> int:
@@ -37,9 +52,16 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
                     return
 
         async with trio.open_nursery() as nursery:
+            app.config["GEMMANET_INSTANCE"] = await nursery.start(run_instance, settings)
             nursery.start_soon(watch_signals)
             await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseException as exc:
+        refusal = _startup_refusal(exc)
+        if refusal is None:
+            raise
+        raise StartupRefused(str(refusal)) from None
     return 0

@@ -121,9 +121,17 @@ class Instance:
     async def _drop_silent_nodes(self) -> None:
         interval = self.settings.heartbeat_interval_s
         deadline = interval * self.settings.heartbeat_misses
+        last_tick = self.clock()
         while True:
             await trio.sleep(interval)
-            for conn in self.nodes.silent(self.clock(), deadline):
+            now = self.clock()
+            overslept = now - last_tick > 2 * interval
+            last_tick = now
+            if overslept:
+                # This process was frozen (SIGSTOP, swapping, a debugger): the nodes' heartbeats
+                # are still waiting in the sockets. Read them before judging anybody silent.
+                continue
+            for conn in self.nodes.silent(now, deadline):
                 log.warning("node %s silent for over %.1f s; dropping it", conn.node_id, deadline)
                 self._close_link(conn.conn_id, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
                 # Fail its tasks now: the socket may take a while to notice it is dead.
@@ -458,15 +466,28 @@ class Instance:
 
     # -- status -----------------------------------------------------------------------------
 
-    async def cluster_status(self) -> dict[str, int]:
+    async def cluster_status(self) -> dict[str, object]:
         mine = {c.node_id for c in self.nodes.connections()}
-        if self.cluster is None:
-            return {"online_nodes": len(mine), "instances": 1, "in_flight": len(self.tracker)}
-        peers = self.cluster.peer_snapshots()
+        peers = self.cluster.peer_snapshots() if self.cluster is not None else []
         return {
             "online_nodes": len(mine | registry.online_node_ids(peers)),
             "instances": 1 + len(peers),
             "in_flight": len(self.tracker) + sum(p.in_flight for p in peers),
+            "instance_id": self.instance_id,
+            "diagnostics": self.diagnostics(),
+        }
+
+    def diagnostics(self) -> dict[str, object]:
+        """Counters of this instance only: what was refused or lost, for operators and tests."""
+        cluster = self.cluster
+        return {
+            "local_nodes": len(self.nodes),
+            "local_in_flight": len(self.tracker),
+            "dropped_answers": {v.value: n for v, n in self.tracker.dropped.items()},
+            "forwarded_in_flight": len(cluster.forwarding) if cluster else 0,
+            "forwards_dropped_wrong_source": cluster.forwarding.dropped_wrong_source if cluster else 0,
+            "liveness_lost": cluster.liveness_lost if cluster else 0,
+            "bus_losses": cluster.bus_losses if cluster else 0,
         }
 
     async def cluster_nodes(self) -> list[dict[str, object]]:

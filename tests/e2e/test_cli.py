@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
+import httpx
 import pytest
 
-from tests.fixtures.processes import Processes
+from tests.fixtures.processes import Processes, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -28,3 +31,15 @@ def test_bad_settings_fail_with_one_line(procs: Processes) -> None:
     done = procs.cli("serve", "--port", "1", env=env)
     assert done.returncode != 0
     assert "GEMMANET_REDIS_URL" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_app_runs_under_plain_hypercorn(procs: Processes) -> None:
+    port = free_port()
+    proc = procs._popen(
+        [sys.executable, "-m", "hypercorn", "--worker-class", "trio", "-b", f"127.0.0.1:{port}",
+         "coordinator.app:create_app()"]
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(f"{url}/healthz").json() == {"ok": True}, "hypercorn serving")
+    assert httpx.get(f"{url}/api/v1/status").json()["instances"] == 1
+    proc.terminate()

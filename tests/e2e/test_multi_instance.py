@@ -177,6 +177,8 @@ async def test_sigstop_of_the_owner_then_resume(shared, two) -> None:
         # A notices it was considered dead and comes back with its node still owned.
         wait_until(lambda: b.status()["instances"] == 2, "A alive again", timeout_s=10)
         wait_until(lambda: sees_node(b, "frozen"), "the node is online again", timeout_s=10)
+        # A noticed that it had been declared dead (and dropped what it was forwarding).
+        assert a.status()["diagnostics"]["liveness_lost"] >= 1
     # The late answer never reached anybody: B answered once, with the 502.
     assert len(results) == 1
 

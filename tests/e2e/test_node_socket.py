@@ -107,6 +107,8 @@ async def test_only_the_assigned_connection_may_answer(procs, coord, key) -> Non
             await trio.sleep(0.3)
             await a.send(Result(task_id=assign.task_id, output="genuine"))
         assert results[0].json()["output"] == "genuine"
+    dropped = coord.status()["diagnostics"]["dropped_answers"]
+    assert dropped["wrong_source"] == 2
 
 
 async def test_replayed_chunks_and_results_are_delivered_once(procs, coord, key) -> None:
