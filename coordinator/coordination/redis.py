@@ -59,7 +59,7 @@ from coordinator.coordination.redis_scripts import (
 )
 from coordinator.coordination.redis_subscription import RedisSubscription
 
-__all__ = ["RedisCoordination", "RedisSubscription", "redact_url"]
+__all__ = ["DedicatedConnection", "RedisCoordination", "RedisSubscription", "redact_url"]
 
 log = logging.getLogger(__name__)
 
@@ -283,10 +283,17 @@ class RedisCoordination(Coordination):
             return reply
         raise AssertionError("unreachable")
 
-    async def _guarded(self, what: str, operation: Callable[[_Operation], Awaitable[T]]) -> T:
+    async def _guarded(
+        self,
+        what: str,
+        operation: Callable[[_Operation], Awaitable[T]],
+        *,
+        timeout_s: float | None = None,
+    ) -> T:
         self._require_nursery()
         op = _Operation()
-        scope = trio.move_on_after(self.op_timeout_s)
+        timeout_s = self.op_timeout_s if timeout_s is None else timeout_s
+        scope = trio.move_on_after(timeout_s)
         try:
             with scope:
                 return await operation(op)
@@ -309,7 +316,7 @@ class RedisCoordination(Coordination):
             # black hole: no FIN ever comes); the next operation opens a fresh one.
             op.waiting_on.invalidate(f"{what} timed out")
         raise CoordinationUnavailable(
-            f"Redis at {self.url} did not answer {what} within {self.op_timeout_s:g} s"
+            f"Redis at {self.url} did not answer {what} within {timeout_s:g} s"
         )
 
     async def _command(self, what: str, command: bytes, *args: Any) -> Any:
@@ -491,3 +498,98 @@ class RedisCoordination(Coordination):
                     await subscription._unsubscribed.wait()
         connection.invalidate("unsubscribed")
         subscription._receive.close()
+
+    # -- raw commands -------------------------------------------------------------------------
+    # For transports built on this backend (coordinator/coordination/streams_bus.py): the same
+    # timeouts and error mapping as every other operation, for commands this interface lacks.
+    # Key arguments are Redis names: pass them through ``redis_key`` first.
+
+    def redis_key(self, key: str) -> str:
+        """The Redis name of ``key``: this backend's prefix plus ``key``."""
+        return self._name(key)
+
+    async def execute(self, what: str, command: bytes, *args: Any) -> Any:
+        """Run one command on the shared connection, bounded by ``op_timeout_s``; failures raise
+        ``CoordinationUnavailable``. Never send a blocking command here (it would hold up every
+        other operation): use ``dedicated_connection``."""
+        return await self._command(what, command, *args)
+
+    async def run_script(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """EVALSHA ``script`` (EVAL when the server forgot it), bounded like ``execute``."""
+        return await self._eval(script, keys, args)
+
+    def start_soon(self, async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run a helper task in this backend's nursery; it must handle its own errors and ends
+        when the backend closes (at the latest)."""
+        self._require_nursery().start_soon(async_fn, *args)
+
+    @asynccontextmanager
+    async def dedicated_connection(
+        self, client_name: str | None = None
+    ) -> AsyncIterator[DedicatedConnection]:
+        """A connection of its own for the block, for blocking commands (``XREAD BLOCK``).
+        Opening it is bounded by ``op_timeout_s``; ``client_name`` is set with CLIENT SETNAME
+        (spaces and control characters become ``_``) so operators can find it in CLIENT LIST."""
+        holder: list[BaseConnection] = []
+
+        async def open_it(op: _Operation) -> None:
+            connection = await self._open_connection()
+            holder.append(connection)
+            if client_name:
+                name = "".join(ch if 32 < ord(ch) < 127 else "_" for ch in client_name)
+                op.waiting_on = connection
+                await connection.create_request(b"CLIENT", b"SETNAME", name, decode=False)
+                op.waiting_on = None
+
+        try:
+            await self._guarded("open a dedicated connection", open_it)
+        except BaseException:
+            for connection in holder:
+                connection.invalidate("opening failed")
+            raise
+        dedicated = DedicatedConnection(self, holder[0])
+        try:
+            yield dedicated
+        finally:
+            dedicated.retire("dedicated connection closed")
+
+
+class DedicatedConnection:
+    """One connection used by one task at a time (see ``RedisCoordination.dedicated_connection``).
+    It is never reopened: after any failure, timeout or cancellation of a command it is retired
+    and every further command raises ``CoordinationUnavailable`` (open a new one)."""
+
+    def __init__(self, owner: RedisCoordination, connection: BaseConnection) -> None:
+        self._owner = owner
+        self._connection = connection
+        self.lost_reason: str | None = None
+
+    def retire(self, reason: str) -> None:
+        if self.lost_reason is None:
+            self.lost_reason = reason
+        self._connection.invalidate(reason)
+
+    async def execute(
+        self, what: str, command: bytes, *args: Any, timeout_s: float | None = None
+    ) -> Any:
+        """Run one command, bounded by ``timeout_s`` (default ``op_timeout_s``): give a blocking
+        command its BLOCK time plus a margin."""
+        if self.lost_reason is not None:
+            raise CoordinationUnavailable(
+                f"the dedicated Redis connection is gone ({self.lost_reason})"
+            )
+        connection = self._connection
+
+        async def operation(op: _Operation) -> Any:
+            op.waiting_on = connection
+            reply = await connection.create_request(command, *args, decode=False)
+            op.waiting_on = None
+            return reply
+
+        try:
+            return await self._owner._guarded(what, operation, timeout_s=timeout_s)
+        except BaseException as exc:
+            # A reply still owed (cancelled or timed-out command) would be read as the answer
+            # to the next command: this connection is done.
+            self.retire(f"{what} ended with {type(exc).__name__}")
+            raise

@@ -92,7 +92,10 @@ class Cluster:
             # Listen before announcing ourselves: an assign sent the moment we appear alive
             # must find our inbox open.
             await nursery.start(self._read_bus)
-            await self._announce()
+            try:
+                await self._announce()
+            except CoordinationUnavailable as exc:
+                raise StartupRefused(f"cannot register this instance in Redis: {exc}") from None
             for _, receive in self._outboxes:
                 nursery.start_soon(self._drain_outbox, receive)
             nursery.start_soon(self._heartbeat)

@@ -159,8 +159,14 @@ class Instance:
         return f"{prefix}{self._ids.getrandbits(96):024x}"
 
     def _spawn(self, fn: Callable[..., object], *args: object) -> None:
-        if self._nursery is not None:
+        """Background work that may be skipped when the instance is shutting down (what it
+        would tidy up in Redis expires with its TTL anyway)."""
+        if self._nursery is None:
+            return
+        try:
             self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+        except RuntimeError:  # the nursery is closed: we are shutting down
+            pass
 
     # -- node side --------------------------------------------------------------------------
 
@@ -391,7 +397,10 @@ class Instance:
                 return view
             assert self.cluster is not None
             try:
-                if await self.cluster.dispatch(view, assign):
+                reached = await self.cluster.dispatch(view, assign)
+                # Failed while we were sending (its owner was declared dead, the bus was lost):
+                # the failure already waits for the handle, so do not place it again.
+                if reached or assign.task_id not in self.tracker:
                     return view
             except CoordinationUnavailable as exc:
                 self.tracker.forget(assign.task_id)

@@ -1,0 +1,296 @@
+"""The instance bus on Redis Streams (``GEMMANET_BUS=streams``), Redis-only.
+
+Keys (under the backend's prefix, like every other key):
+
+* ``inst:stream:{instance}`` — the inbox: a stream whose entries carry the envelope in field
+  ``p``. ``send`` appends with ``XADD MAXLEN ~ maxlen`` (approximate trimming: the stream holds
+  at most about ``maxlen`` + 100 entries) and gives the stream a ``retention_s`` TTL, which the
+  listener keeps pushing back, so the inbox of an instance that never comes back disappears.
+* ``inst:listening:{instance}`` — presence: set with a ``presence_ttl_s`` TTL when ``listen``
+  opens, refreshed every ``refresh_s`` while the block is open, deleted when it closes.
+
+``send`` appends only while the target's presence key exists (one Lua script, atomic) and
+returns 1, else it appends nothing and returns 0 — the same "nobody there" signal as PUBLISH's
+receiver count, which the cluster uses to re-place a task at once. ``is_listening`` reads the
+presence key, so a killed instance (whose key is no longer refreshed) reads as gone at most
+``presence_ttl_s`` after its last refresh.
+
+``listen`` reads with ``XREAD BLOCK`` on a connection of its own, starting at the stream's end
+when first opened. A lost connection makes the iterator raise ``CoordinationUnavailable`` and
+leaves the presence key to expire by itself, so senders keep appending for ``presence_ttl_s``:
+a re-``listen`` (same ``StreamsBus`` object) continues after the last entry it delivered and
+loses nothing that was sent meanwhile. That is the difference from pub/sub, where a subscriber
+that reconnects has missed whatever was published in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import trio
+
+from coordinator.coordination.base import Coordination, CoordinationUnavailable, Subscription
+from coordinator.coordination.redis import DedicatedConnection, RedisCoordination
+from coordinator.coordination.redis_scripts import LuaScript
+from coordinator.runtime.bus import Bus
+
+__all__ = ["StreamInbox", "StreamsBus"]
+
+log = logging.getLogger(__name__)
+
+STREAM_PREFIX = "inst:stream:"
+LISTENING_PREFIX = "inst:listening:"
+FIELD = b"p"
+
+EntryId = tuple[int, int]
+ZERO: EntryId = (0, 0)
+
+# KEYS[1] presence key, KEYS[2] stream; ARGV[1] payload, ARGV[2] MAXLEN, ARGV[3] stream TTL ms.
+SEND = LuaScript(
+    "streams_bus_send",
+    b"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'p', ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+""".strip(),
+)
+
+# KEYS[1] presence key, KEYS[2] stream; ARGV[1] token, ARGV[2] presence TTL ms,
+# ARGV[3] stream TTL ms.
+REFRESH = LuaScript(
+    "streams_bus_refresh",
+    b"""
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+""".strip(),
+)
+
+
+def stream_key(instance_id: str) -> str:
+    return STREAM_PREFIX + instance_id
+
+
+def listening_key(instance_id: str) -> str:
+    return LISTENING_PREFIX + instance_id
+
+
+def _parse_id(raw: bytes | str) -> EntryId:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _format_id(entry_id: EntryId) -> bytes:
+    return b"%d-%d" % entry_id
+
+
+def _entries(reply: Any) -> list[Any]:
+    """The entries of a one-stream XREAD reply (RESP3 map or RESP2 array; None: timed out)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return [entry for entries in reply.values() for entry in entries]
+    return [entry for _, entries in reply for entry in entries]
+
+
+def _payload(fields: Any) -> bytes | None:
+    if isinstance(fields, dict):
+        value = fields.get(FIELD)
+        return value if isinstance(value, bytes) else None
+    values = list(fields)
+    for i in range(0, len(values) - 1, 2):
+        if values[i] == FIELD and isinstance(values[i + 1], bytes):
+            return values[i + 1]  # type: ignore[no-any-return]
+    return None
+
+
+class StreamsBus(Bus):
+    """``Bus`` on Redis Streams; see the module docstring. One object per process: it keeps,
+    per instance id, the id of the last entry its ``listen`` delivered. One ``listen`` per
+    instance id at a time."""
+
+    def __init__(
+        self,
+        coordination: Coordination,
+        *,
+        maxlen: int = 10_000,
+        presence_ttl_s: float = 2.0,
+        refresh_s: float = 0.5,
+        block_ms: int = 1000,
+        read_count: int = 100,
+        retention_s: float = 60.0,
+    ) -> None:
+        if not isinstance(coordination, RedisCoordination):
+            raise TypeError(
+                "GEMMANET_BUS=streams needs the Redis coordination backend (set "
+                f"GEMMANET_REDIS_URL); got {type(coordination).__name__}"
+            )
+        if not 0 < refresh_s < presence_ttl_s:
+            raise ValueError("refresh_s must be positive and shorter than presence_ttl_s")
+        if maxlen < 1 or read_count < 1 or block_ms < 1:
+            raise ValueError("maxlen, read_count and block_ms must be positive")
+        if not retention_s > presence_ttl_s:
+            raise ValueError("retention_s must be longer than presence_ttl_s")
+        self._redis = coordination
+        self.maxlen = maxlen
+        self.presence_ttl_s = presence_ttl_s
+        self.refresh_s = refresh_s
+        self.block_ms = block_ms
+        self.read_count = read_count
+        self.retention_s = retention_s
+        self._last_ids: dict[str, EntryId] = {}
+
+    def __repr__(self) -> str:
+        return f"StreamsBus({self._redis!r})"
+
+    def last_delivered(self, instance_id: str) -> str | None:
+        """Id of the last entry ``listen(instance_id)`` delivered (or started after)."""
+        entry_id = self._last_ids.get(instance_id)
+        return None if entry_id is None else _format_id(entry_id).decode()
+
+    # -- Bus --------------------------------------------------------------------------------
+
+    async def send(self, instance_id: str, payload: bytes) -> int:
+        reply = await self._redis.run_script(
+            SEND,
+            [self._redis.redis_key(listening_key(instance_id)), self._stream(instance_id)],
+            [payload, self.maxlen, self._ms(self.retention_s)],
+        )
+        return int(reply)
+
+    async def is_listening(self, instance_id: str) -> bool:
+        return await self._redis.get(listening_key(instance_id)) is not None
+
+    def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
+        return self._listen(instance_id)
+
+    # -- internals --------------------------------------------------------------------------
+
+    @staticmethod
+    def _ms(seconds: float) -> int:
+        return max(1, round(seconds * 1000))
+
+    def _stream(self, instance_id: str) -> str:
+        return self._redis.redis_key(stream_key(instance_id))
+
+    @asynccontextmanager
+    async def _listen(self, instance_id: str) -> AsyncIterator[StreamInbox]:
+        presence = listening_key(instance_id)
+        token = secrets.token_hex(8).encode()
+        async with self._redis.dedicated_connection(self._redis.redis_key(presence)) as connection:
+            self._last_ids[instance_id] = await self._start_after(instance_id)
+            # Present only once the start id is fixed: whatever is appended from now on
+            # comes after it.
+            await self._refresh(instance_id, token)
+            inbox = StreamInbox(self, instance_id, connection)
+            keep_present = trio.CancelScope()
+            self._redis.start_soon(self._keep_present, instance_id, token, keep_present)
+            try:
+                yield inbox
+            finally:
+                keep_present.cancel()
+                if not inbox.lost:
+                    # Closed on purpose: senders learn at once that nobody listens. (After a
+                    # lost connection the key expires by itself, so that what is sent until
+                    # then waits for a re-listen.)
+                    with trio.move_on_after(self._redis.op_timeout_s, shield=True):
+                        try:
+                            await self._redis.compare_and_set(presence, token, None)
+                        except CoordinationUnavailable:
+                            pass
+
+    async def _start_after(self, instance_id: str) -> EntryId:
+        """Where a listen starts: after the last delivered entry, or at the stream's current
+        end when this object never listened there (older entries were not meant for us)."""
+        reply = await self._redis.execute(
+            "XREVRANGE", b"XREVRANGE", self._stream(instance_id), b"+", b"-", b"COUNT", 1
+        )
+        top = _parse_id(reply[0][0]) if reply else None
+        last = self._last_ids.get(instance_id)
+        if last is None:
+            return top or ZERO
+        if top is None or top < last:
+            # The stream was recreated since (it expired, or Redis restarted without its
+            # data): every entry in it is new to us.
+            return ZERO
+        return last
+
+    async def _refresh(self, instance_id: str, token: bytes) -> None:
+        await self._redis.run_script(
+            REFRESH,
+            [self._redis.redis_key(listening_key(instance_id)), self._stream(instance_id)],
+            [token, self._ms(self.presence_ttl_s), self._ms(self.retention_s)],
+        )
+
+    async def _keep_present(self, instance_id: str, token: bytes, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                await trio.sleep(self.refresh_s)
+                try:
+                    await self._refresh(instance_id, token)
+                except CoordinationUnavailable as exc:
+                    log.debug("could not refresh the presence of inbox %s: %s", instance_id, exc)
+
+    async def _read(self, instance_id: str, connection: DedicatedConnection) -> list[Any]:
+        reply = await connection.execute(
+            "XREAD",
+            b"XREAD",
+            b"COUNT",
+            self.read_count,
+            b"BLOCK",
+            self.block_ms,
+            b"STREAMS",
+            self._stream(instance_id),
+            _format_id(self._last_ids[instance_id]),
+            timeout_s=self.block_ms / 1000 + self._redis.op_timeout_s,
+        )
+        return _entries(reply)
+
+
+class StreamInbox(Subscription):
+    """Payloads of one instance's stream, in order, read in batches on a dedicated connection."""
+
+    def __init__(self, bus: StreamsBus, instance_id: str, connection: DedicatedConnection) -> None:
+        self._bus = bus
+        self._instance_id = instance_id
+        self._connection = connection
+        self._buffer: deque[tuple[EntryId, bytes | None]] = deque()
+        #: the connection was lost; the iterator raised CoordinationUnavailable
+        self.lost = False
+
+    def __aiter__(self) -> StreamInbox:
+        return self
+
+    async def __anext__(self) -> bytes:
+        last_ids = self._bus._last_ids
+        while True:
+            while self._buffer:
+                entry_id, payload = self._buffer.popleft()
+                last_ids[self._instance_id] = entry_id
+                if payload is not None:
+                    return payload
+                log.warning(
+                    "skipped entry %s of inbox %s: no %r field", entry_id, self._instance_id, FIELD
+                )
+            if self.lost:
+                raise self._lost_error()
+            try:
+                entries = await self._bus._read(self._instance_id, self._connection)
+            except CoordinationUnavailable as exc:
+                self.lost = True
+                raise self._lost_error() from exc
+            for raw_id, fields in entries:
+                self._buffer.append((_parse_id(raw_id), _payload(fields)))
+
+    def _lost_error(self) -> CoordinationUnavailable:
+        return CoordinationUnavailable(
+            f"lost the Redis stream inbox of {self._instance_id!r}; listening again resumes "
+            f"after entry {self._bus.last_delivered(self._instance_id)}"
+        )

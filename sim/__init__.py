@@ -1,0 +1,15 @@
+"""Deterministic simulator: several real coordinator instances, many nodes and clients in one
+process on virtual time (trio's MockClock), every choice drawn from one seed.
+
+    world.py       builds the cluster and drives traffic and faults; the entry point
+    faults.py      the fault plan drawn from the seed, and the wrappers that inject faults
+    invariants.py  properties checked as the run goes (add one: a class and a list entry)
+    trace.py       the event trace, its digest, trace files for replay
+    actors.py      simulated nodes and the in-memory sockets they speak over
+    stand_ins.py   the durable store stand-in (no threads, so no wall-clock nondeterminism)
+    mutations.py   deliberately broken variants, to show the simulator catches real bugs
+    cli.py         gemmanet sim run / replay / sweep
+
+The instances are the production ``Instance`` and ``Cluster`` classes over the memory
+coordination backend; only the edges (sockets, store, clients) are simulated.
+"""

@@ -1,0 +1,268 @@
+"""Faults: the plan drawn from the seed, and the wrappers through which they strike.
+
+Each instance reaches the shared coordination state and the bus through ``FaultyCoordination``
+and ``FaultyBus``: a freeze holds every call of that instance until it thaws (a SIGSTOP seen
+from outside), a store outage makes every call fail like an unreachable Redis, and bus chaos
+drops, delays or duplicates envelopes in flight."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from coordinator.coordination import (
+    Coordination,
+    CoordinationUnavailable,
+    RateDecision,
+    Subscription,
+)
+from coordinator.runtime.bus import Bus
+
+
+class Gate:
+    """Open by default; a frozen instance's every step waits here until it thaws."""
+
+    def __init__(self) -> None:
+        self._open = trio.Event()
+        self._open.set()
+
+    @property
+    def frozen(self) -> bool:
+        return not self._open.is_set()
+
+    def freeze(self) -> None:
+        if not self.frozen:
+            self._open = trio.Event()
+
+    def thaw(self) -> None:
+        self._open.set()
+
+    async def wait(self) -> None:
+        if self.frozen:
+            await self._open.wait()
+
+
+@dataclass
+class StoreState:
+    """Shared between all FaultyCoordination objects: is "Redis" reachable?"""
+
+    down: bool = False
+    # Bumped at each outage so open subscriptions notice they were cut.
+    epoch: int = 0
+
+    def go_down(self) -> None:
+        self.down, self.epoch = True, self.epoch + 1
+
+    def come_back(self) -> None:
+        self.down = False
+
+
+class _FaultySubscription(Subscription):
+    def __init__(self, inner: Subscription, owner: FaultyCoordination, epoch: int) -> None:
+        self._inner = inner.__aiter__()
+        self._owner = owner
+        self._epoch = epoch
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while True:
+            self._owner.check_cut(self._epoch)
+            with trio.move_on_after(0.25):
+                payload = await self._inner.__anext__()
+                await self._owner.gate.wait()
+                self._owner.check_cut(self._epoch)
+                return payload
+
+
+class FaultyCoordination(Coordination):
+    kind = "memory+faults"
+
+    def __init__(self, inner: Coordination, gate: Gate, store: StoreState) -> None:
+        self.inner, self.gate, self.store = inner, gate, store
+
+    async def _pass(self) -> None:
+        await self.gate.wait()
+        if self.store.down:
+            raise CoordinationUnavailable("simulated coordination store outage")
+
+    def check_cut(self, epoch: int) -> None:
+        if self.store.down or self.store.epoch != epoch:
+            raise CoordinationUnavailable("simulated loss of the subscription")
+
+    async def get(self, key: str) -> bytes | None:
+        await self._pass()
+        return await self.inner.get(key)
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        await self._pass()
+        return await self.inner.get_many(keys)
+
+    async def set(
+        self, key: str, value: bytes, *, ttl_s: float | None = None, only_if_absent: bool = False
+    ) -> bool:
+        await self._pass()
+        return await self.inner.set(key, value, ttl_s=ttl_s, only_if_absent=only_if_absent)
+
+    async def swap(self, key: str, value: bytes, *, ttl_s: float | None = None) -> bytes | None:
+        await self._pass()
+        return await self.inner.swap(key, value, ttl_s=ttl_s)
+
+    async def compare_and_set(
+        self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float | None = None
+    ) -> bool:
+        await self._pass()
+        return await self.inner.compare_and_set(key, expected, value, ttl_s=ttl_s)
+
+    async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
+        await self._pass()
+        return await self.inner.refresh_if(key, expected, ttl_s)
+
+    async def delete(self, key: str) -> None:
+        await self._pass()
+        await self.inner.delete(key)
+
+    async def incr(self, key: str, amount: int = 1, *, ttl_s: float | None = None) -> int:
+        await self._pass()
+        return await self.inner.incr(key, amount, ttl_s=ttl_s)
+
+    async def keys_with_prefix(self, prefix: str) -> list[str]:
+        await self._pass()
+        return sorted(await self.inner.keys_with_prefix(prefix))
+
+    async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
+        await self._pass()
+        return await self.inner.rate_limit(key, limit=limit, period_s=period_s)
+
+    async def publish(self, channel: str, payload: bytes) -> int:
+        await self._pass()
+        return await self.inner.publish(channel, payload)
+
+    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
+        return self._subscribe(channel)
+
+    @asynccontextmanager
+    async def _subscribe(self, channel: str) -> AsyncIterator[Subscription]:
+        await self._pass()
+        epoch = self.store.epoch
+        async with self.inner.subscribe(channel) as inner:
+            yield _FaultySubscription(inner, self, epoch)
+
+    async def subscriber_count(self, channel: str) -> int:
+        await self._pass()
+        return await self.inner.subscriber_count(channel)
+
+    async def ping(self) -> None:
+        await self._pass()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@dataclass
+class BusChaos:
+    """Probabilities for each envelope in flight while chaos is on."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    delay: float = 0.0
+    max_delay_s: float = 0.3
+
+
+class FaultyBus(Bus):
+    """Bus envelopes may be lost, delayed (and so reordered) or duplicated."""
+
+    def __init__(
+        self, inner: Bus, rng: random.Random, nursery: trio.Nursery, chaos: BusChaos
+    ) -> None:
+        self.inner, self.rng, self.nursery, self.chaos = inner, rng, nursery, chaos
+        self.dropped = self.duplicated = self.delayed = 0
+
+    async def send(self, instance_id: str, payload: bytes) -> int:
+        chaos, roll = self.chaos, self.rng.random()
+        if roll < chaos.drop:
+            self.dropped += 1
+            # Lost on the way: the sender still saw a listener.
+            return 1 if await self.inner.is_listening(instance_id) else 0
+        if roll < chaos.drop + chaos.delay:
+            self.delayed += 1
+            delay = self.rng.uniform(0, chaos.max_delay_s)
+            self.nursery.start_soon(self._later, delay, instance_id, payload)
+            return 1 if await self.inner.is_listening(instance_id) else 0
+        reached = await self.inner.send(instance_id, payload)
+        if roll < chaos.drop + chaos.delay + chaos.duplicate:
+            self.duplicated += 1
+            await self.inner.send(instance_id, payload)
+        return reached
+
+    async def _later(self, delay: float, instance_id: str, payload: bytes) -> None:
+        await trio.sleep(delay)
+        try:
+            await self.inner.send(instance_id, payload)
+        except CoordinationUnavailable:
+            pass
+
+    def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
+        return self.inner.listen(instance_id)
+
+    async def is_listening(self, instance_id: str) -> bool:
+        return await self.inner.is_listening(instance_id)
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+FAULT_KINDS = (
+    "crash_restart",
+    "freeze",
+    "node_move",
+    "duplicate_identity",
+    "store_outage",
+    "bus_chaos",
+    "slow_node",
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str
+    target: str = ""
+    duration: float = 0.0
+
+
+@dataclass
+class FaultPlan:
+    faults: list[Fault] = field(default_factory=list)
+    # Probability that a client walks away from a request before it ends.
+    client_disconnect: float = 0.0
+
+    @classmethod
+    def draw(
+        cls, rng: random.Random, *, instances: list[str], nodes: list[str], traffic_s: float
+    ) -> FaultPlan:
+        plan = cls(client_disconnect=rng.choice([0.0, 0.02, 0.05]))
+        for _ in range(rng.randint(0, 4)):
+            kind = rng.choice(FAULT_KINDS)
+            at = round(rng.uniform(2.0, traffic_s * 0.8), 3)
+            if kind in ("crash_restart", "freeze"):
+                target, duration = rng.choice(instances), round(rng.uniform(0.5, 6.0), 3)
+            elif kind == "store_outage":
+                target, duration = "", round(rng.uniform(0.2, 3.0), 3)
+            elif kind == "bus_chaos":
+                target, duration = "", round(rng.uniform(1.0, 8.0), 3)
+            else:
+                target, duration = rng.choice(nodes), round(rng.uniform(1.0, 6.0), 3)
+            plan.faults.append(Fault(at=at, kind=kind, target=target, duration=duration))
+        plan.faults.sort(key=lambda f: (f.at, f.kind, f.target))
+        return plan
+
+    def describe(self) -> list[dict[str, object]]:
+        return [
+            {"at": f.at, "kind": f.kind, "target": f.target, "duration": f.duration}
+            for f in self.faults
+        ] + [{"client_disconnect": self.client_disconnect}]

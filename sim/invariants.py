@@ -1,0 +1,181 @@
+"""Properties checked while a run goes. Each invariant watches the trace; adding one is a class
+with ``observe`` (and optionally ``at_end``) plus an entry in ``ALL_INVARIANTS``.
+
+An invariant that breaks raises ``Violation`` at the virtual time of the offending event, so a
+replay stops at the same event."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from sim.trace import Event
+
+DEAD_OWNER_BOUND_S = 3.0
+# A replace travels over the bus; give it this long before two live connections are a bug.
+REPLACE_SETTLE_S = 3.0
+
+
+class Violation(Exception):
+    def __init__(self, invariant: str, message: str, t: float) -> None:
+        super().__init__(f"[{invariant}] at t={t:.6f}: {message}")
+        self.invariant, self.message, self.t = invariant, message, t
+
+
+class Invariant:
+    name = "invariant"
+
+    def observe(self, event: Event) -> None: ...
+
+    def at_end(self, t: float) -> None: ...
+
+    def fail(self, message: str, t: float) -> None:
+        raise Violation(self.name, message, t)
+
+
+class EveryRequestEndsOnce(Invariant):
+    """Every request ends exactly once, with a result or an explicit error."""
+
+    name = "ends-exactly-once"
+
+    def __init__(self) -> None:
+        self.open: dict[str, float] = {}
+        self.ended: set[str] = set()
+
+    def observe(self, event: Event) -> None:
+        kind, t = event["kind"], event["t"]
+        if kind == "request.start":
+            self.open[event["rid"]] = t
+        elif kind == "request.end":
+            rid = event["rid"]
+            if rid in self.ended:
+                self.fail(f"request {rid} ended twice", t)
+            if not event.get("outcome"):
+                self.fail(f"request {rid} ended without an outcome", t)
+            self.ended.add(rid)
+            self.open.pop(rid, None)
+
+    def at_end(self, t: float) -> None:
+        if self.open:
+            rid = min(self.open, key=lambda r: (self.open[r], r))
+            self.fail(f"{len(self.open)} request(s) never ended, first {rid}", t)
+
+
+class OwnAnswerFromAssignedNode(Invariant):
+    """A successful answer is the request's own output, produced by the node it was assigned
+    to — never a forged or crossed answer."""
+
+    name = "own-answer"
+
+    def __init__(self) -> None:
+        self.prompts: dict[str, str] = {}
+        self.assigned: dict[str, str] = {}
+
+    def observe(self, event: Event) -> None:
+        kind = event["kind"]
+        if kind == "request.start":
+            self.prompts[event["rid"]] = event["prompt"]
+        elif kind == "node.assign":
+            self.assigned[event["task"]] = event["node"]
+        elif kind == "request.end" and event["outcome"] == "ok":
+            rid, t = event["rid"], event["t"]
+            if event["output"] != self.prompts.get(rid):
+                self.fail(f"request {rid} got {event['output']!r}, not its own output", t)
+            assigned = self.assigned.get(event["task"])
+            if assigned != event["node"]:
+                self.fail(
+                    f"request {rid} answered as node {event['node']}, assigned to {assigned}", t
+                )
+
+
+class DeadOwnerTasksEndFast(Invariant):
+    """When the instance owning a node dies (crash, or a freeze past the bound), tasks that
+    other instances requested on its nodes end within 3 s of virtual time."""
+
+    name = "dead-owner-bound"
+
+    def __init__(self) -> None:
+        self.where: dict[str, str] = {}  # task -> instance owning the node that got it
+        self.requester: dict[str, str] = {}  # task -> requesting instance
+        self.open_tasks: set[str] = set()
+        self.deadlines: dict[str, float] = {}
+
+    def observe(self, event: Event) -> None:
+        kind, t = event["kind"], event["t"]
+        for task, deadline in sorted(self.deadlines.items()):
+            if t > deadline and task in self.open_tasks:
+                self.fail(f"task {task} of a dead owner still pending after the bound", t)
+        if kind == "node.assign":
+            self.where[event["task"]] = event["instance"]
+        elif kind == "request.placed":
+            self.requester[event["task"]] = event["instance"]
+            self.open_tasks.add(event["task"])
+        elif kind == "request.end" and event.get("task"):
+            self.open_tasks.discard(event["task"])
+            self.deadlines.pop(event["task"], None)
+        elif kind == "owner.dead":
+            dead = event["instance"]
+            for task in sorted(self.open_tasks):
+                if self.where.get(task) == dead and self.requester.get(task) != dead:
+                    self.deadlines.setdefault(task, event["since"] + DEAD_OWNER_BOUND_S)
+
+
+class OneLiveConnectionPerNode(Invariant):
+    """A node identity is held by at most one live instance, once a replace had time to
+    travel."""
+
+    name = "one-connection-per-node"
+
+    def __init__(self) -> None:
+        self.since: dict[str, float] = {}
+
+    def observe(self, event: Event) -> None:
+        if event["kind"] != "tick":
+            return
+        t = event["t"]
+        holders: dict[str, list[str]] = event["holders"]
+        for node in sorted(holders):
+            if len(holders[node]) > 1:
+                first = self.since.setdefault(node, t)
+                if t - first > REPLACE_SETTLE_S:
+                    self.fail(f"node {node} live on {holders[node]} for {t - first:.1f} s", t)
+            else:
+                self.since.pop(node, None)
+
+
+class SharedRateLimitHolds(Invariant):
+    """No window of the rate-limit period holds more allowed requests than the limit, for any
+    key, across all instances."""
+
+    name = "rate-limit"
+
+    def __init__(self) -> None:
+        self.allowed: dict[str, deque[float]] = {}
+
+    def observe(self, event: Event) -> None:
+        if event["kind"] != "ratelimit.allowed":
+            return
+        t, key, limit, period = event["t"], event["key"], event["limit"], event["period"]
+        window = self.allowed.setdefault(key, deque())
+        window.append(t)
+        while window and window[0] <= t - period:
+            window.popleft()
+        if len(window) > limit:
+            self.fail(f"key {key}: {len(window)} allowed within {period} s (limit {limit})", t)
+
+
+ALL_INVARIANTS: list[type[Invariant]] = [
+    EveryRequestEndsOnce,
+    OwnAnswerFromAssignedNode,
+    DeadOwnerTasksEndFast,
+    OneLiveConnectionPerNode,
+    SharedRateLimitHolds,
+]
+
+
+def fresh_invariants() -> list[Invariant]:
+    return [cls() for cls in ALL_INVARIANTS]
+
+
+def as_dict(violation: Violation) -> dict[str, Any]:
+    return {"invariant": violation.invariant, "message": violation.message, "t": violation.t}

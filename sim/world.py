@@ -1,0 +1,411 @@
+"""One simulation run: a cluster of real instances, simulated nodes and clients, a fault plan,
+all on trio's MockClock and all drawn from one seed."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import trio
+import trio.testing
+
+from coordinator.coordination.memory import MemoryCoordination, MemoryState
+from coordinator.errors import GemmaNetError
+from coordinator.runtime.bus import PubSubBus
+from coordinator.runtime.cluster import Cluster, StartupRefused
+from coordinator.runtime.instance import Instance
+from coordinator.runtime.node_socket import serve_node_socket
+from coordinator.settings import Settings
+from sim import mutations
+from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
+from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
+from sim.invariants import Invariant, Violation, fresh_invariants
+from sim.stand_ins import SimStore
+from sim.trace import Trace
+
+WORDS = ("alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    instances: int = 3
+    nodes: int = 8
+    clients: int = 6
+    traffic_s: float = 20.0
+    request_interval_s: float = 0.5
+    stream_fraction: float = 0.3
+    task_timeout_s: float = 10.0
+    heartbeat_s: float = 1.0
+    rate_limit: tuple[int, float] = (8, 4.0)
+    forgers: int = 1
+    mutation: str | None = None
+
+
+@dataclass
+class SimResult:
+    seed: int
+    digest: str
+    ok: bool
+    virtual_seconds: float
+    events: int
+    wall_seconds: float
+    violation: dict[str, Any] | None = None
+    requests: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    faults: list[dict[str, object]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SimInstance:
+    def __init__(self, name: str, instance: Instance, gate: Gate) -> None:
+        self.name, self.instance, self.gate = name, instance, gate
+        self.scope = trio.CancelScope()
+        self.nursery: trio.Nursery | None = None
+        self.pairs: list[SocketPair] = []
+        self.crashed = False
+
+
+class World:
+    def __init__(self, seed: int, config: SimConfig) -> None:
+        self.seed, self.config = seed, config
+        self.rng = {
+            name: random.Random(f"{seed}:{name}")
+            for name in ("plan", "nodes", "clients", "bus", "routing", "trio")
+        }
+        self.store = SimStore()
+        self.store_state = StoreState()
+        self.chaos = BusChaos()
+        self.instances: dict[str, SimInstance] = {}
+        self.nodes: dict[str, SimNode] = {}
+        self.invariants: list[Invariant] = fresh_invariants()
+        self.violation: Violation | None = None
+        self.open_requests = 0
+        self.request_count = 0
+        self.outcomes: dict[str, int] = {}
+        self.restarts = 0
+        self.traffic_on = True
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> tuple[SimResult, Trace]:
+        started = time.perf_counter()
+        self._pin_trio_scheduler()
+        with mutations.applied(self.config.mutation):
+            trio.run(self._main, clock=trio.testing.MockClock(autojump_threshold=0))
+        result = SimResult(
+            seed=self.seed,
+            digest=self.trace.digest,
+            ok=self.violation is None,
+            virtual_seconds=round(self.end_time, 6),
+            events=self.trace.count,
+            wall_seconds=round(time.perf_counter() - started, 3),
+            violation=None
+            if self.violation is None
+            else {"invariant": self.violation.invariant, "message": self.violation.message,
+                  "t": self.violation.t},
+            requests=self.request_count,
+            outcomes=dict(sorted(self.outcomes.items())),
+            faults=self.plan.describe(),
+        )
+        return result, self.trace
+
+    def _pin_trio_scheduler(self) -> None:
+        # trio picks the order of tasks woken together from a private Random; with
+        # deterministic scheduling on, it sorts them by creation and shuffles with that Random.
+        # Pinning both makes the interleaving a function of the seed alone. (Private API: the
+        # determinism test in tests/sim/ fails loudly if a trio release changes it.)
+        from trio._core import _run
+
+        _run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+        _run._r.seed(f"{self.seed}:trio")
+
+    async def _main(self) -> None:
+        self.trace = Trace(trio.current_time)
+        self.trace.listeners.append(self._check_invariants)
+        self.state = MemoryState(trio.current_time)
+        names = [f"I{i}" for i in range(self.config.instances)]
+        node_ids = [f"N{i}" for i in range(self.config.nodes)]
+        self.plan = FaultPlan.draw(
+            self.rng["plan"], instances=names, nodes=node_ids, traffic_s=self.config.traffic_s
+        )
+        self.trace.emit("run.start", seed=self.seed, plan=self.plan.describe())
+        try:
+            async with trio.open_nursery() as root:
+                self.root = root
+                for name in names:
+                    await self._start_instance(name)
+                for i, node_id in enumerate(node_ids):
+                    self._start_node(node_id, home=names[i % len(names)], forger=i < self.config.forgers)
+                await trio.sleep(2 * self.config.heartbeat_s)  # let nodes register everywhere
+                for c in range(self.config.clients):
+                    root.start_soon(self._client, c)
+                root.start_soon(self._run_faults)
+                root.start_soon(self._tick)
+                await trio.sleep(self.config.traffic_s)
+                self.traffic_on = False
+                with trio.move_on_after(self.config.task_timeout_s + 15):
+                    while self.open_requests:
+                        await trio.sleep(0.1)
+                root.cancel_scope.cancel()
+            self.end_time = trio.current_time()
+            for invariant in self.invariants:
+                invariant.at_end(self.end_time)
+        except Violation as violation:
+            self.violation = violation
+        except BaseExceptionGroup as group:
+            if _find_violation(group) is None:
+                raise
+        if self.violation is not None:
+            self.end_time = self.violation.t
+            self.trace.emit("run.violation", invariant=self.violation.invariant,
+                            message=self.violation.message)
+
+    def _check_invariants(self, event: dict[str, Any]) -> None:
+        if self.violation is not None:
+            return  # the run already failed; the rest is the unwinding
+        for invariant in self.invariants:
+            try:
+                invariant.observe(event)
+            except Violation as violation:
+                self.violation = violation
+                raise
+
+    # -- instances --------------------------------------------------------------------------
+
+    async def _start_instance(self, name: str) -> None:
+        cfg = self.config
+        settings = Settings(
+            database_url="sim://",
+            redis_url="sim://",
+            multi_instance=True,
+            instance_id=name,
+            rate_limit=cfg.rate_limit,
+            task_timeout_s=cfg.task_timeout_s,
+            heartbeat_interval_s=cfg.heartbeat_s,
+        )
+        gate = Gate()
+        coordination = FaultyCoordination(
+            MemoryCoordination(trio.current_time, state=self.state), gate, self.store_state
+        )
+        instance = Instance(
+            settings,
+            self.store,  # type: ignore[arg-type]
+            coordination,
+            clock=trio.current_time,
+            wall_clock=trio.current_time,
+            rng=random.Random(f"{self.seed}:instance:{name}"),
+        )
+        bus = FaultyBus(PubSubBus(coordination), self.rng["bus"], self.root, self.chaos)
+        instance.cluster = Cluster(instance, coordination, bus)
+        sim = SimInstance(name, instance, gate)
+        self.instances[name] = sim
+
+        async def life(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with sim.scope:
+                async with trio.open_nursery() as nursery:
+                    sim.nursery = nursery
+                    await nursery.start(instance.run)
+                    self.trace.emit("instance.up", instance=name)
+                    task_status.started()
+
+        await self.root.start(life)
+
+    def live_instances(self) -> list[str]:
+        return [n for n, s in sorted(self.instances.items()) if not s.crashed]
+
+    def _connect(self, pair: SocketPair, preferred: str | None) -> str | None:
+        live = self.live_instances()
+        if not live:
+            return None
+        name = preferred if preferred in live else self.rng["routing"].choice(live)
+        sim = self.instances[name]
+        assert sim.nursery is not None
+        side = InstanceSide(pair, sim.gate)
+        sim.pairs.append(pair)
+
+        async def serve() -> None:
+            with side.handler_scope:
+                await serve_node_socket(sim.instance, side)
+
+        sim.nursery.start_soon(serve)
+        return name
+
+    def _start_node(self, node_id: str, *, home: str | None, forger: bool = False) -> SimNode:
+        rng = random.Random(f"{self.seed}:node:{node_id}:{len(self.nodes)}")
+        node = SimNode(
+            node_id=node_id,
+            token=self.store.enroll(node_id),
+            models=sorted(rng.sample(["m1", "m2", "m3"], k=rng.randint(1, 2))),
+            max_parallel=rng.randint(1, 4),
+            latency=(0.05, rng.uniform(0.2, 2.0)),
+            rng=rng,
+            trace=self.trace,
+            connect=self._connect,
+            forger=forger,
+            home=home,
+        )
+        if forger:
+            self.store.enroll(node_id + "-x")
+        self.nodes[node_id] = node
+        self.root.start_soon(node.run)
+        return node
+
+    # -- clients ----------------------------------------------------------------------------
+
+    async def _client(self, number: int) -> None:
+        rng = random.Random(f"{self.seed}:client:{number}")
+        key = f"key-{number}"
+        while self.traffic_on:
+            await trio.sleep(rng.expovariate(1 / self.config.request_interval_s))
+            live = self.live_instances()
+            if not live or not self.traffic_on:
+                continue
+            sim = self.instances[rng.choice(live)]
+            self.request_count += 1
+            rid = f"r{self.request_count}"
+            prompt = " ".join([rid] + [rng.choice(WORDS) for _ in range(rng.randint(0, 5))])
+            stream = rng.random() < self.config.stream_fraction
+            model = rng.choice(["m1", "m2", "m3"])
+            walk_away = (
+                rng.uniform(0.05, 2.0) if rng.random() < self.plan.client_disconnect else None
+            )
+            assert sim.nursery is not None
+            self.open_requests += 1
+            self.trace.emit("request.start", rid=rid, instance=sim.name, prompt=prompt,
+                            stream=stream, model=model)
+            sim.nursery.start_soon(self._request, sim, key, rid, prompt, model, stream, walk_away)
+
+    async def _request(
+        self, sim: SimInstance, key: str, rid: str, prompt: str, model: str, stream: bool,
+        walk_away: float | None,
+    ) -> None:
+        instance, ended = sim.instance, False
+
+        def end(outcome: str, **fields: Any) -> None:
+            nonlocal ended
+            ended = True
+            self.open_requests -= 1
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            self.trace.emit("request.end", rid=rid, outcome=outcome, **fields)
+
+        try:
+            with trio.CancelScope() as client_scope:
+                if walk_away is not None:
+                    client_scope.deadline = trio.current_time() + walk_away
+                task = None
+                try:
+                    await instance.check_rate_limit(key)
+                    limit, period = instance.settings.rate_limit
+                    self.trace.emit("ratelimit.allowed", key=key, limit=limit, period=period)
+                    async with instance.open_task(
+                        key_id=key, model=model, prompt=prompt, stream=stream, timeout_s=None
+                    ) as handle:
+                        task = handle.task_id
+                        self.trace.emit("request.placed", rid=rid, task=task, instance=sim.name,
+                                        node=handle.node_id)
+                        output = await handle.result()
+                    end("ok", task=task, node=handle.node_id, output=output)
+                except GemmaNetError as exc:
+                    end(exc.code, task=task)
+            if client_scope.cancelled_caught and not ended:
+                end("client_gone", task=task)
+        finally:
+            if not ended:
+                end("connection_lost")
+
+    # -- faults -----------------------------------------------------------------------------
+
+    async def _run_faults(self) -> None:
+        start = trio.current_time()
+        for fault in self.plan.faults:
+            await trio.sleep_until(start + fault.at)
+            self.root.start_soon(self._apply, fault)
+
+    async def _apply(self, fault: Fault) -> None:
+        self.trace.emit("fault", fault=fault.kind, target=fault.target, duration=fault.duration)
+        if fault.kind == "crash_restart":
+            await self._crash_restart(fault)
+        elif fault.kind == "freeze":
+            sim = self.instances.get(fault.target)
+            if sim is None or sim.crashed:
+                return
+            sim.gate.freeze()
+            if fault.duration >= 3.0:
+                self.trace.emit("owner.dead", instance=sim.name, since=trio.current_time())
+            await trio.sleep(fault.duration)
+            sim.gate.thaw()
+        elif fault.kind == "store_outage":
+            self.store_state.go_down()
+            await trio.sleep(fault.duration)
+            self.store_state.come_back()
+        elif fault.kind == "bus_chaos":
+            self.chaos.drop, self.chaos.delay, self.chaos.duplicate = 0.05, 0.2, 0.1
+            await trio.sleep(fault.duration)
+            self.chaos.drop = self.chaos.delay = self.chaos.duplicate = 0.0
+        elif fault.kind == "slow_node":
+            self.nodes[fault.target].slow_until = trio.current_time() + fault.duration
+        elif fault.kind == "node_move":
+            live = self.live_instances()
+            self.nodes[fault.target].drop_connection(self.rng["routing"].choice(live) if live else None)
+        elif fault.kind == "duplicate_identity":
+            old = self.nodes[fault.target]
+            others = [n for n in self.live_instances() if n != old.instance]
+            if others:
+                self._start_node(fault.target, home=self.rng["routing"].choice(others))
+
+    async def _crash_restart(self, fault: Fault) -> None:
+        sim = self.instances.get(fault.target)
+        if sim is None or sim.crashed:
+            return
+        sim.crashed = True
+        sim.gate.thaw()
+        self.trace.emit("owner.dead", instance=sim.name, since=trio.current_time())
+        sim.scope.cancel()  # like kill -9: nothing runs any more, nothing is cleaned up
+        for pair in sim.pairs:
+            pair.deliver_to_node(SocketClosed(1006))  # the kernel closes its sockets
+        await trio.sleep(fault.duration)
+        self.restarts += 1
+        name = f"{fault.target}r{self.restarts}"
+        started = False
+        while not started:  # a supervisor restarts it until it comes up (Redis may be down)
+            started = True
+            try:
+                await self._start_instance(name)
+            except* StartupRefused:
+                started = False
+                self.instances.pop(name, None)
+                self.trace.emit("instance.refused", instance=name)
+            if not started:
+                await trio.sleep(1.0)
+
+    async def _tick(self) -> None:
+        while True:
+            await trio.sleep(0.5)
+            holders: dict[str, list[str]] = {}
+            for name, sim in sorted(self.instances.items()):
+                if sim.crashed or sim.gate.frozen or self.store_state.down:
+                    continue
+                for conn in sim.instance.nodes.connections():
+                    holders.setdefault(conn.node_id, []).append(name)
+            self.trace.emit(
+                "tick", holders={n: h for n, h in sorted(holders.items()) if len(h) > 1}
+            )
+
+
+def _find_violation(group: BaseExceptionGroup) -> Violation | None:  # type: ignore[type-arg]
+    for exc in group.exceptions:
+        if isinstance(exc, Violation):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _find_violation(exc)
+            if found is not None:
+                return found
+    return None
+
+
+def run_seed(seed: int, config: SimConfig | None = None) -> tuple[SimResult, Trace]:
+    return World(seed, config or SimConfig()).run()

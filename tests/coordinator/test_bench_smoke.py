@@ -1,0 +1,67 @@
+"""The benchmarks in tools/bench run end to end (--quick) and write their figures as JSON.
+
+This checks that they work — processes start, traffic flows, every request is answered, the
+report has its figures — not how fast anything is."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.e2e
+
+
+def run_bench(module: str, out: Path, *extra: str) -> dict:  # type: ignore[type-arg]
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--quick", "--json", str(out), *extra],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "figures measured on " in proc.stdout and " cores, " in proc.stdout
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def positive(value: object) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value) and value > 0
+
+
+def test_throughput_benchmark(tmp_path: Path) -> None:
+    data = run_bench("tools.bench.throughput", tmp_path / "throughput.json", "--duration", "3")
+    assert data["benchmark"] == "throughput" and positive(data["cores"])
+    for kind in ("request", "healthz"):
+        figures = data[kind]
+        for key in ("throughput_rps", "p50_ms", "p95_ms", "p99_ms", "ok"):
+            assert positive(figures[key]), (kind, key, figures)
+        assert figures["errors"] == {}, figures
+        assert figures["p50_ms"] <= figures["p95_ms"] <= figures["p99_ms"]
+    for key in ("throughput", "p50", "p95", "p99"):
+        assert positive(data["ratios"][key]), data["ratios"]
+
+
+@pytest.mark.redis
+def test_cross_instance_benchmark(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not found on PATH")
+    data = run_bench("tools.bench.cross_instance", tmp_path / "cross.json", "--duration", "3")
+    assert data["benchmark"] == "cross_instance"
+    for kind in ("remote", "local", "pubsub"):
+        figures = data[kind]
+        for key in ("p50_ms", "p95_ms", "p99_ms", "ok"):
+            assert positive(figures[key]), (kind, key, figures)
+        assert figures["errors"] == {}, figures
+        assert figures["ok"] == figures["scheduled"]
+    assert set(data["difference_ms"]) == {"p50", "p95", "p99"}
+    assert all(isinstance(v, float) for v in data["difference_ms"].values())
+    assert data["budget_ms"] == {"p95": 20.0, "p99": 50.0} and data["aim_ms"] == {"p95": 1.0}
