@@ -64,6 +64,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(host=args.host, port=args.port)
 
 
+def _sim(args: argparse.Namespace) -> int:
+    from sim.cli import main as sim_main
+
+    return sim_main(args)
+
+
 def _not_yet(what: str) -> Handler:
     def handler(args: argparse.Namespace) -> int:
         return _fail(f"{what} is not available in this version yet (see the README's roadmap)", 2)
@@ -72,6 +78,7 @@ def _not_yet(what: str) -> Handler:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim.cli import add_sim_arguments
     from tools.node_agent import add_node_arguments
 
     parser = argparse.ArgumentParser(
@@ -110,11 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8000)
     demo.set_defaults(handler=_demo)
 
+    sim = sub.add_parser("sim", help="deterministic simulator: run, replay, sweep")
+    add_sim_arguments(sim)
+    sim.set_defaults(handler=_sim)
+
     for name, what, helptext in [
         ("audit", "the capacity audit", "capacity audit (seed 004)"),
         ("prove-takeover", "the monitor-takeover proof", "monitor-takeover proof (seed 004)"),
         ("loadtest", "the load test", "load profile of seed 000 section 4.1"),
-        ("sim", "the simulator", "deterministic simulator"),
     ]:
         stub = sub.add_parser(name, help=helptext)
         stub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

@@ -283,20 +283,20 @@ class World:
         self, sim: SimInstance, key: str, rid: str, prompt: str, model: str, stream: bool,
         walk_away: float | None,
     ) -> None:
-        instance, ended = sim.instance, False
+        instance = sim.instance
+        ended, task = False, None
 
         def end(outcome: str, **fields: Any) -> None:
             nonlocal ended
             ended = True
             self.open_requests -= 1
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-            self.trace.emit("request.end", rid=rid, outcome=outcome, **fields)
+            self.trace.emit("request.end", rid=rid, outcome=outcome, task=task, **fields)
 
         try:
             with trio.CancelScope() as client_scope:
                 if walk_away is not None:
                     client_scope.deadline = trio.current_time() + walk_away
-                task = None
                 try:
                     await instance.check_rate_limit(key)
                     limit, period = instance.settings.rate_limit
@@ -308,13 +308,13 @@ class World:
                         self.trace.emit("request.placed", rid=rid, task=task, instance=sim.name,
                                         node=handle.node_id)
                         output = await handle.result()
-                    end("ok", task=task, node=handle.node_id, output=output)
+                    end("ok", node=handle.node_id, output=output)
                 except GemmaNetError as exc:
-                    end(exc.code, task=task)
+                    end(exc.code)
             if client_scope.cancelled_caught and not ended:
-                end("client_gone", task=task)
+                end("client_gone")
         finally:
-            if not ended:
+            if not ended:  # the instance crashed under the request: its connection dropped
                 end("connection_lost")
 
     # -- faults -----------------------------------------------------------------------------

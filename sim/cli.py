@@ -1,0 +1,179 @@
+"""``gemmanet sim run | replay | sweep``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from sim.mutations import MUTATIONS
+from sim.trace import read_trace_header, write_trace
+from sim.world import SimConfig, SimResult, run_seed
+
+DEFAULT_TRACE_DIR = Path("sim-traces")
+
+
+def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="sim_command", required=True, metavar="ACTION")
+    run = sub.add_parser("run", help="run one seed; prints a digest of the whole event trace")
+    run.add_argument("--seed", type=int, required=True)
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    _config_flags(run)
+    run.set_defaults(sim_handler=_run)
+
+    replay = sub.add_parser("replay", help="re-run the run recorded in a trace file")
+    replay.add_argument("file", type=Path)
+    replay.add_argument("--json", action="store_true")
+    replay.set_defaults(sim_handler=_replay)
+
+    sweep = sub.add_parser("sweep", help="run many seeds; list the failing ones")
+    sweep.add_argument("--seeds", required=True, help="A-B, inclusive")
+    sweep.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    _config_flags(sweep)
+    sweep.set_defaults(sim_handler=_sweep)
+
+
+def _config_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = SimConfig()
+    parser.add_argument("--instances", type=int, default=defaults.instances)
+    parser.add_argument("--nodes", type=int, default=defaults.nodes)
+    parser.add_argument("--clients", type=int, default=defaults.clients)
+    parser.add_argument("--traffic-s", type=float, default=defaults.traffic_s)
+    parser.add_argument(
+        "--mutation",
+        choices=sorted(MUTATIONS),
+        help="run a deliberately broken variant (to show the simulator catches it)",
+    )
+    parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
+
+
+def _config(args: argparse.Namespace) -> SimConfig:
+    return replace(
+        SimConfig(),
+        instances=args.instances,
+        nodes=args.nodes,
+        clients=args.clients,
+        traffic_s=args.traffic_s,
+        mutation=args.mutation,
+    )
+
+
+def _trace_path(trace_dir: Path, seed: int, config: SimConfig) -> Path:
+    suffix = f"-{config.mutation}" if config.mutation else ""
+    return trace_dir / f"seed-{seed}{suffix}.jsonl"
+
+
+def _run_and_record(seed: int, config: SimConfig, trace_dir: Path) -> tuple[SimResult, Path | None]:
+    logging.disable(logging.CRITICAL)  # the instances' own logs are noise here; the trace speaks
+    result, trace = run_seed(seed, config)
+    if result.ok:
+        return result, None
+    path = _trace_path(trace_dir, seed, config)
+    header = {"seed": seed, "config": asdict(config), "result": result.to_json()}
+    write_trace(path, header, trace.events)
+    return result, path
+
+
+def _summary(result: SimResult) -> dict[str, object]:
+    return {
+        "seed": result.seed,
+        "digest": result.digest,
+        "ok": result.ok,
+        "virtual_seconds": result.virtual_seconds,
+        "events": result.events,
+        "wall_seconds": result.wall_seconds,
+        "requests": result.requests,
+        "outcomes": result.outcomes,
+        "violation": result.violation,
+        "faults": result.faults,
+    }
+
+
+def _print_result(result: SimResult, as_json: bool, trace: Path | None) -> None:
+    if as_json:
+        print(json.dumps({**_summary(result), "trace": str(trace) if trace else None}))
+        return
+    state = "ok" if result.ok else "FAILED"
+    print(
+        f"seed {result.seed}: {state}  digest {result.digest}  {result.virtual_seconds:g} virtual s "
+        f"in {result.wall_seconds:g} wall s, {result.events} events, {result.requests} requests"
+    )
+    if result.violation:
+        v = result.violation
+        print(f"  invariant {v['invariant']} broken at t={v['t']:.6f}: {v['message']}")
+    if trace:
+        print(f"  trace written to {trace}; replay with: gemmanet sim replay {trace}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    result, trace = _run_and_record(args.seed, _config(args), args.trace_dir)
+    _print_result(result, args.json, trace)
+    return 0 if result.ok else 1
+
+
+def _replay(args: argparse.Namespace) -> int:
+    header = read_trace_header(args.file)
+    config = SimConfig(**{**header["config"], "rate_limit": tuple(header["config"]["rate_limit"])})
+    recorded = header["result"]
+    logging.disable(logging.CRITICAL)
+    result, _ = run_seed(header["seed"], config)
+    same = result.digest == recorded["digest"] and result.violation == recorded["violation"]
+    if args.json:
+        print(json.dumps({**_summary(result), "reproduced": same}))
+    else:
+        _print_result(result, False, None)
+        print("  reproduced exactly (same digest, same violation, same virtual time)" if same
+              else f"  DIVERGED from the recording (recorded digest {recorded['digest']})")
+    if not same:
+        return 3
+    return 0 if result.ok else 1
+
+
+def _parse_range(text: str) -> range:
+    low, _, high = text.partition("-")
+    try:
+        return range(int(low), int(high or low) + 1)
+    except ValueError:
+        raise SystemExit(f"gemmanet: --seeds {text!r} is not a range like 1-200") from None
+
+
+def _sweep_one(job: tuple[int, SimConfig, Path]) -> tuple[SimResult, Path | None]:
+    return _run_and_record(*job)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    seeds, config = _parse_range(args.seeds), _config(args)
+    jobs = [(seed, config, args.trace_dir) for seed in seeds]
+    failing: list[tuple[SimResult, Path | None]] = []
+    virtual = wall = 0.0
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for result, trace in pool.map(_sweep_one, jobs, chunksize=4):
+            virtual += result.virtual_seconds
+            wall += result.wall_seconds
+            if not result.ok:
+                failing.append((result, trace))
+    print(
+        f"swept {len(seeds)} seeds ({seeds.start}-{seeds.stop - 1}"
+        f"{', mutation ' + config.mutation if config.mutation else ''}): "
+        f"{len(failing)} failing; {virtual:.0f} virtual s in {wall:.1f} wall s of work"
+    )
+    for result, trace in failing:
+        v = result.violation or {}
+        print(f"  seed {result.seed}: {v.get('invariant')} at t={v.get('t')}: {v.get('message')}")
+        print(f"    replay: gemmanet sim replay {trace}")
+    return 1 if failing else 0
+
+
+def main(args: argparse.Namespace) -> int:
+    return int(args.sim_handler(args))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m sim.cli")
+    add_sim_arguments(parser)
+    sys.exit(main(parser.parse_args()))
