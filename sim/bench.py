@@ -31,9 +31,10 @@ def main() -> None:
     parser.add_argument("--traffic-s", type=float, default=60.0)
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)
+    # Production timings (2 s node heartbeats) and 10 clients at ~1 request/s each.
     config = replace(
-        SimConfig(), instances=3, nodes=50, clients=20, traffic_s=args.traffic_s, forgers=0,
-        rate_limit=(1000, 1.0),
+        SimConfig(), instances=3, nodes=50, clients=10, request_interval_s=1.0,
+        traffic_s=args.traffic_s, forgers=0, heartbeat_s=2.0, rate_limit=(1000, 1.0),
     )
     virtual = wall = 0.0
     requests = 0
@@ -46,7 +47,7 @@ def main() -> None:
         assert result.ok, result.violation
     print(
         f"simulator speed: {virtual:.0f} virtual s in {wall:.1f} wall s = {virtual / wall:.1f}x "
-        f"(3 instances, 50 nodes, 20 clients at ~2 req/s each, {requests} requests; "
+        f"(3 instances, 50 nodes, 10 clients at ~1 req/s each, {requests} requests; "
         f"{os.cpu_count()} cores)"
     )
 

@@ -53,9 +53,13 @@ class StoreState:
     down: bool = False
     # Bumped at each outage so open subscriptions notice they were cut.
     epoch: int = 0
+    # Subscriptions waiting for a message; an outage interrupts them.
+    waiting: list[trio.CancelScope] = field(default_factory=list)
 
     def go_down(self) -> None:
         self.down, self.epoch = True, self.epoch + 1
+        for scope in self.waiting:
+            scope.cancel()
 
     def come_back(self) -> None:
         self.down = False
@@ -71,13 +75,18 @@ class _FaultySubscription(Subscription):
         return self
 
     async def __anext__(self) -> bytes:
-        while True:
-            self._owner.check_cut(self._epoch)
-            with trio.move_on_after(0.25):
+        self._owner.check_cut(self._epoch)
+        waiting = self._owner.store.waiting
+        with trio.CancelScope() as scope:
+            waiting.append(scope)
+            try:
                 payload = await self._inner.__anext__()
-                await self._owner.gate.wait()
-                self._owner.check_cut(self._epoch)
-                return payload
+            finally:
+                waiting.remove(scope)
+        self._owner.check_cut(self._epoch)  # an outage cut the wait (or came meanwhile)
+        await self._owner.gate.wait()
+        self._owner.check_cut(self._epoch)
+        return payload
 
 
 class FaultyCoordination(Coordination):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -76,6 +76,9 @@ class Cluster:
         self._clock = instance.clock
         self._alive_value = self.me.encode()
         self._snapshots: dict[str, InstanceSnapshot] = {}
+        self._views: list[NodeView] | None = None
+        self._claimed: set[str] = set()  # conn ids whose ownership claim completed
+        self._views_ratings: dict[str, tuple[float, int]] | None = None
         self._outboxes = [trio.open_memory_channel[_Outgoing](10_000) for _ in range(SENDER_SHARDS)]
         self._snapshot_dirty = trio.Event()
         self.liveness_lost = 0
@@ -174,6 +177,7 @@ class Cluster:
             try:
                 await self._announce()
                 await self._refresh_peers()
+                await self._check_ownership()
             except CoordinationUnavailable as exc:
                 log.warning("heartbeat failed: %s", exc)
 
@@ -191,22 +195,36 @@ class Cluster:
             if snap is not None:
                 snapshots[instance_id] = snap
         self._snapshots = snapshots
+        self._views = None
 
     def peer_snapshots(self) -> list[InstanceSnapshot]:
         """Last known snapshots of the other live instances."""
         return [s for i, s in sorted(self._snapshots.items()) if i != self.me]
 
     def remote_views(self, ratings: dict[str, tuple[float, int]]) -> list[NodeView]:
+        """Placement candidates on peers: built once per registry refresh (placement runs on
+        every request), corrected for the tasks this instance sent since the snapshot."""
+        if self._views is None or self._views_ratings is not ratings:
+            self._views = registry.remote_views(
+                self.peer_snapshots(), ratings, exclude_instance=self.me, pending_per_conn={}
+            )
+            self._views_ratings = ratings
         pending: dict[str, int] = {}
         for task in self.instance.tracker.pending():
             if task.owner_instance != self.me:
                 pending[task.conn_id] = pending.get(task.conn_id, 0) + 1
-        return registry.remote_views(
-            self.peer_snapshots(), ratings, exclude_instance=self.me, pending_per_conn=pending
-        )
+        if not pending:
+            return self._views
+        return [
+            replace(v, in_flight=pending[v.conn_id])
+            if pending.get(v.conn_id, 0) > v.in_flight
+            else v
+            for v in self._views
+        ]
 
     def forget_peer(self, instance_id: str) -> None:
-        self._snapshots.pop(instance_id, None)
+        if self._snapshots.pop(instance_id, None) is not None:
+            self._views = None
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -220,6 +238,7 @@ class Cluster:
                 ttl_s=self.settings.owner_ttl_s,
             )
         )
+        self._claimed.add(conn.conn_id)
         if previous is not None and previous[0] != self.me:
             old_instance, old_conn = previous
             self._send(
@@ -231,6 +250,7 @@ class Cluster:
 
     async def release(self, conn: NodeConnection) -> None:
         """Drop our ownership record, unless a newer connection already took it over."""
+        self._claimed.discard(conn.conn_id)
         try:
             await self.coordination.compare_and_set(
                 registry.owner_key(conn.node_id), registry.owner_value(self.me, conn.conn_id), None
@@ -248,6 +268,23 @@ class Cluster:
             return
         log.warning("node %s is owned elsewhere now; closing our stale connection", conn.node_id)
         self.instance.replace_connection(conn.conn_id, conn.node_id)
+
+    async def _check_ownership(self) -> None:
+        """Every beat, one read of our nodes' owner keys: a connection whose identity is owned
+        elsewhere now is closed even if the replace envelope was lost on the bus (at-most-once)."""
+        # Only connections whose claim completed before this read: a claim still in flight
+        # would otherwise look like a connection owned elsewhere.
+        conns = [c for c in self.instance.nodes.connections() if c.conn_id in self._claimed]
+        if not conns:
+            return
+        values = await self.coordination.get_many([registry.owner_key(c.node_id) for c in conns])
+        for conn, value in zip(conns, values, strict=True):
+            owner = registry.parse_owner(value)
+            if owner is None:
+                await self._confirm_ownership(conn)  # expired (a long freeze): claim it back
+            elif owner != (self.me, conn.conn_id):
+                log.warning("node %s is owned by %s now; closing our connection", conn.node_id, owner[0])
+                self.instance.replace_connection(conn.conn_id, conn.node_id)
 
     async def _refresh_ownership(self) -> None:
         while True:
@@ -358,6 +395,7 @@ class Cluster:
         return True
 
     def connection_lost(self, conn: NodeConnection, why: str) -> None:
+        self._claimed.discard(conn.conn_id)
         for forward in self.forwarding.of_connection(conn.conn_id):
             self._send(
                 forward.reply_to,
