@@ -15,7 +15,9 @@ _PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
 
 def parse_rate_limit(text: str) -> tuple[int, float]:
     """'60/minute' -> (60, 60.0). Also accepts '10/second', '1000/hour', '5/30s'."""
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(?:(\d+(?:\.\d+)?)\s*s|(second|minute|hour|day)s?)\s*", text)
+    match = re.fullmatch(
+        r"\s*(\d+)\s*/\s*(?:(\d+(?:\.\d+)?)\s*s|(second|minute|hour|day)s?)\s*", text
+    )
     if not match or int(match.group(1)) < 1:
         raise SettingsError(
             f"GEMMANET_RATE_LIMIT={text!r} is not a rate like '60/minute', '10/second' or '5/30s'"
@@ -81,17 +83,21 @@ class Settings:
         prefix = env.get("GEMMANET_KEY_PREFIX", "gn").strip() or "gn"
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", prefix):
             raise SettingsError(f"GEMMANET_KEY_PREFIX={prefix!r} may hold only [A-Za-z0-9._:-]")
-        kwargs: dict[str, object] = dict(
-            database_url=env.get("GEMMANET_DATABASE_URL", "").strip() or cls.database_url,
-            redis_url=env.get("GEMMANET_REDIS_URL", "").strip() or None,
-            redis_password_file=env.get("GEMMANET_REDIS_PASSWORD_FILE", "").strip() or None,
-            multi_instance=_flag(env, "GEMMANET_MULTI_INSTANCE", "0"),
-            bus=bus,
-            key_prefix=prefix,
-            rate_limit=parse_rate_limit(env.get("GEMMANET_RATE_LIMIT", "60/minute")),
-            task_timeout_s=min(_number(env, "GEMMANET_TASK_TIMEOUT_S", 120.0, minimum=0.1), 3600.0),
-            heartbeat_interval_s=min(_number(env, "GEMMANET_HEARTBEAT_S", 2.0, minimum=0.05), 60.0),
-        )
+        kwargs: dict[str, object] = {
+            "database_url": env.get("GEMMANET_DATABASE_URL", "").strip() or cls.database_url,
+            "redis_url": env.get("GEMMANET_REDIS_URL", "").strip() or None,
+            "redis_password_file": env.get("GEMMANET_REDIS_PASSWORD_FILE", "").strip() or None,
+            "multi_instance": _flag(env, "GEMMANET_MULTI_INSTANCE", "0"),
+            "bus": bus,
+            "key_prefix": prefix,
+            "rate_limit": parse_rate_limit(env.get("GEMMANET_RATE_LIMIT", "60/minute")),
+            "task_timeout_s": min(
+                _number(env, "GEMMANET_TASK_TIMEOUT_S", 120.0, minimum=0.1), 3600.0
+            ),
+            "heartbeat_interval_s": min(
+                _number(env, "GEMMANET_HEARTBEAT_S", 2.0, minimum=0.05), 60.0
+            ),
+        }
         instance_id = env.get("GEMMANET_INSTANCE_ID", "").strip()
         if instance_id:
             if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", instance_id):

@@ -33,8 +33,15 @@ def main() -> None:
     logging.disable(logging.CRITICAL)
     # Production timings (2 s node heartbeats) and 10 clients at ~1 request/s each.
     config = replace(
-        SimConfig(), instances=3, nodes=50, clients=10, request_interval_s=1.0,
-        traffic_s=args.traffic_s, forgers=0, heartbeat_s=2.0, rate_limit=(1000, 1.0),
+        SimConfig(),
+        instances=3,
+        nodes=50,
+        clients=10,
+        request_interval_s=1.0,
+        traffic_s=args.traffic_s,
+        forgers=0,
+        heartbeat_s=2.0,
+        rate_limit=(1000, 1.0),
     )
     virtual = wall = 0.0
     requests = 0

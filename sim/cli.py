@@ -127,8 +127,11 @@ def _replay(args: argparse.Namespace) -> int:
         print(json.dumps({**_summary(result), "reproduced": same}))
     else:
         _print_result(result, False, None)
-        print("  reproduced exactly (same digest, same violation, same virtual time)" if same
-              else f"  DIVERGED from the recording (recorded digest {recorded['digest']})")
+        print(
+            "  reproduced exactly (same digest, same violation, same virtual time)"
+            if same
+            else f"  DIVERGED from the recording (recorded digest {recorded['digest']})"
+        )
     if not same:
         return 3
     return 0 if result.ok else 1

@@ -105,8 +105,11 @@ class World:
             wall_seconds=round(time.perf_counter() - started, 3),
             violation=None
             if self.violation is None
-            else {"invariant": self.violation.invariant, "message": self.violation.message,
-                  "t": self.violation.t},
+            else {
+                "invariant": self.violation.invariant,
+                "message": self.violation.message,
+                "t": self.violation.t,
+            },
             requests=self.request_count,
             outcomes=dict(sorted(self.outcomes.items())),
             faults=self.plan.describe(),
@@ -139,7 +142,9 @@ class World:
                 for name in names:
                     await self._start_instance(name)
                 for i, node_id in enumerate(node_ids):
-                    self._start_node(node_id, home=names[i % len(names)], forger=i < self.config.forgers)
+                    self._start_node(
+                        node_id, home=names[i % len(names)], forger=i < self.config.forgers
+                    )
                 await trio.sleep(2 * self.config.heartbeat_s)  # let nodes register everywhere
                 for c in range(self.config.clients):
                     root.start_soon(self._client, c)
@@ -161,8 +166,9 @@ class World:
                 raise
         if self.violation is not None:
             self.end_time = self.violation.t
-            self.trace.emit("run.violation", invariant=self.violation.invariant,
-                            message=self.violation.message)
+            self.trace.emit(
+                "run.violation", invariant=self.violation.invariant, message=self.violation.message
+            )
 
     def _check_invariants(self, event: dict[str, Any]) -> None:
         if self.violation is not None:
@@ -275,12 +281,24 @@ class World:
             )
             assert sim.nursery is not None
             self.open_requests += 1
-            self.trace.emit("request.start", rid=rid, instance=sim.name, prompt=prompt,
-                            stream=stream, model=model)
+            self.trace.emit(
+                "request.start",
+                rid=rid,
+                instance=sim.name,
+                prompt=prompt,
+                stream=stream,
+                model=model,
+            )
             sim.nursery.start_soon(self._request, sim, key, rid, prompt, model, stream, walk_away)
 
     async def _request(
-        self, sim: SimInstance, key: str, rid: str, prompt: str, model: str, stream: bool,
+        self,
+        sim: SimInstance,
+        key: str,
+        rid: str,
+        prompt: str,
+        model: str,
+        stream: bool,
         walk_away: float | None,
     ) -> None:
         instance = sim.instance
@@ -305,8 +323,13 @@ class World:
                         key_id=key, model=model, prompt=prompt, stream=stream, timeout_s=None
                     ) as handle:
                         task = handle.task_id
-                        self.trace.emit("request.placed", rid=rid, task=task, instance=sim.name,
-                                        node=handle.node_id)
+                        self.trace.emit(
+                            "request.placed",
+                            rid=rid,
+                            task=task,
+                            instance=sim.name,
+                            node=handle.node_id,
+                        )
                         output = await handle.result()
                     end("ok", node=handle.node_id, output=output)
                 except GemmaNetError as exc:
@@ -350,7 +373,9 @@ class World:
             self.nodes[fault.target].slow_until = trio.current_time() + fault.duration
         elif fault.kind == "node_move":
             live = self.live_instances()
-            self.nodes[fault.target].drop_connection(self.rng["routing"].choice(live) if live else None)
+            self.nodes[fault.target].drop_connection(
+                self.rng["routing"].choice(live) if live else None
+            )
         elif fault.kind == "duplicate_identity":
             old = self.nodes[fault.target]
             others = [n for n in self.live_instances() if n != old.instance]

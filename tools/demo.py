@@ -19,7 +19,7 @@ DEMO_MODEL = "echo"
 
 
 def _get_json(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - our own loopback
+    with urllib.request.urlopen(url, timeout=2) as response:
         return json.loads(response.read())  # type: ignore[no-any-return]
 
 
@@ -50,8 +50,20 @@ def run_demo(*, host: str, port: int) -> int:
     try:
         _wait_for(lambda: _get_json(f"{base}/healthz").get("ok") is True, "the coordinator")
         node = subprocess.Popen(
-            [*cli, "node", "--coordinator", base, "--node-id", DEMO_NODE, "--token", token,
-             "--model", DEMO_MODEL, "--backend", "echo"]
+            [
+                *cli,
+                "node",
+                "--coordinator",
+                base,
+                "--node-id",
+                DEMO_NODE,
+                "--token",
+                token,
+                "--model",
+                DEMO_MODEL,
+                "--backend",
+                "echo",
+            ]
         )
         _wait_for(
             lambda: int(_get_json(f"{base}/api/v1/status")["online_nodes"]) >= 1,  # type: ignore[call-overload]

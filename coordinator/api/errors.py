@@ -60,4 +60,3 @@ def install_error_handlers(app: Quart) -> None:
     async def _unexpected(exc: Exception) -> Any:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "internal_error", "internal error; see the coordinator log")
-

@@ -11,9 +11,7 @@ end with 502 within about ``alive_ttl_s + beat_s`` (2.5 s by default), well insi
 from __future__ import annotations
 
 import logging
-import zlib
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -26,6 +24,7 @@ from coordinator.core.node_table import NodeConnection
 from coordinator.core.placement import NodeView
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.runtime.bus import Bus
+from coordinator.runtime.bus_outbox import BusOutbox
 from protocol import (
     Assign,
     BusAssign,
@@ -34,7 +33,6 @@ from protocol import (
     BusNodeGone,
     BusReplace,
     BusResult,
-    Cancel,
     ProtocolError,
     TaskFailure,
     decode_bus,
@@ -46,23 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gemmanet.cluster")
 
-SENDER_SHARDS = 4
-OUTBOX_RETRY_S = 0.2
-
 
 class StartupRefused(Exception):
     """This instance must not start (the single-instance lock is held elsewhere, or Redis
     cannot be reached at start)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
-    target: str
-    payload: bytes
-    # Give up retrying a send after this (the task it belongs to is over by then).
-    give_up_at: float
-    # Called when the target has nobody listening (its instance is gone).
-    on_unreached: Callable[[], None] | None = None
 
 
 class Cluster:
@@ -79,7 +64,7 @@ class Cluster:
         self._views: list[NodeView] | None = None
         self._claimed: set[str] = set()  # conn ids whose ownership claim completed
         self._views_ratings: dict[str, tuple[float, int]] | None = None
-        self._outboxes = [trio.open_memory_channel[_Outgoing](10_000) for _ in range(SENDER_SHARDS)]
+        self.outbox = BusOutbox(bus, self._clock)
         self._snapshot_dirty = trio.Event()
         self.liveness_lost = 0
         self.bus_losses = 0
@@ -99,8 +84,7 @@ class Cluster:
                 await self._announce()
             except CoordinationUnavailable as exc:
                 raise StartupRefused(f"cannot register this instance in Redis: {exc}") from None
-            for _, receive in self._outboxes:
-                nursery.start_soon(self._drain_outbox, receive)
+            await nursery.start(self.outbox.run)
             nursery.start_soon(self._heartbeat)
             nursery.start_soon(self._refresh_ownership)
             nursery.start_soon(self._sweep)
@@ -241,7 +225,7 @@ class Cluster:
         self._claimed.add(conn.conn_id)
         if previous is not None and previous[0] != self.me:
             old_instance, old_conn = previous
-            self._send(
+            self.outbox.send(
                 old_instance,
                 BusReplace(node_id=conn.node_id, conn_id=old_conn, new_instance=self.me),
                 give_up_in=5.0,
@@ -283,7 +267,9 @@ class Cluster:
             if owner is None:
                 await self._confirm_ownership(conn)  # expired (a long freeze): claim it back
             elif owner != (self.me, conn.conn_id):
-                log.warning("node %s is owned by %s now; closing our connection", conn.node_id, owner[0])
+                log.warning(
+                    "node %s is owned by %s now; closing our connection", conn.node_id, owner[0]
+                )
                 self.instance.replace_connection(conn.conn_id, conn.node_id)
 
     async def _refresh_ownership(self) -> None:
@@ -317,7 +303,7 @@ class Cluster:
         return reached > 0
 
     def cancel_remote(self, owner_instance: str, task_id: str, reason: str) -> None:
-        self._send(owner_instance, BusCancel(task_id=task_id, reason=reason), give_up_in=5.0)
+        self.outbox.send(owner_instance, BusCancel(task_id=task_id, reason=reason), give_up_in=5.0)
 
     async def _sweep(self) -> None:
         """Requester side: fail tasks of dead owners. Owner side: drop expired forwards."""
@@ -325,9 +311,7 @@ class Cluster:
             await trio.sleep(self.settings.beat_s)
             for forward in self.forwarding.expired(self._clock()):
                 self.instance.cancel_on_node(forward.conn_id, forward.task_id, "task_timeout")
-            owners = sorted(
-                {t.owner_instance for t in self.instance.tracker.pending()} - {self.me}
-            )
+            owners = sorted({t.owner_instance for t in self.instance.tracker.pending()} - {self.me})
             if not owners:
                 continue
             try:
@@ -391,13 +375,15 @@ class Cluster:
             if self.forwarding.remove(task_id) is not None:
                 self.instance.cancel_on_node(conn.conn_id, task_id, "requester_gone")
 
-        self._send(forward.reply_to, out, give_up_at=forward.expires_at, on_unreached=requester_gone)
+        self.outbox.send(
+            forward.reply_to, out, give_up_at=forward.expires_at, on_unreached=requester_gone
+        )
         return True
 
     def connection_lost(self, conn: NodeConnection, why: str) -> None:
         self._claimed.discard(conn.conn_id)
         for forward in self.forwarding.of_connection(conn.conn_id):
-            self._send(
+            self.outbox.send(
                 forward.reply_to,
                 BusNodeGone(
                     task_id=forward.task_id, node_id=conn.node_id, conn_id=conn.conn_id, reason=why
@@ -424,7 +410,7 @@ class Cluster:
                     conn_id=envelope.conn_id,
                     failure=failure,
                 )
-            self._send(envelope.reply_to, reply, give_up_in=5.0)
+            self.outbox.send(envelope.reply_to, reply, give_up_in=5.0)
 
         if conn is None or conn.conn_id != envelope.conn_id:
             refuse(None, "the node's connection is no longer here")
@@ -465,7 +451,9 @@ class Cluster:
 
     # -- the bus ----------------------------------------------------------------------------
 
-    async def _read_bus(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _read_bus(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         backoff = 0.1
         started = False
         while True:
@@ -497,7 +485,9 @@ class Cluster:
             log.warning("dropped an unreadable bus envelope: %s", exc)
             return
         if isinstance(envelope, BusChunk):
-            self.instance.accept_chunk(envelope.task_id, envelope.conn_id, envelope.seq, envelope.delta)
+            self.instance.accept_chunk(
+                envelope.task_id, envelope.conn_id, envelope.seq, envelope.delta
+            )
         elif isinstance(envelope, BusResult):
             self.instance.accept_remote_finish(envelope)
         elif isinstance(envelope, BusNodeGone):
@@ -510,41 +500,6 @@ class Cluster:
             conn = self.instance.nodes.by_conn(envelope.conn_id)
             if conn is not None and conn.node_id == envelope.node_id:
                 self.instance.replace_connection(conn.conn_id, conn.node_id)
-
-    def _send(
-        self,
-        target: str,
-        envelope: msgspec.Struct,
-        *,
-        give_up_in: float | None = None,
-        give_up_at: float | None = None,
-        on_unreached: Callable[[], None] | None = None,
-    ) -> None:
-        if give_up_at is None:
-            give_up_at = self._clock() + (give_up_in or 5.0)
-        # One shard per task keeps a task's chunks and result in order.
-        key = getattr(envelope, "task_id", None) or getattr(envelope, "node_id", "")
-        shard = zlib.crc32(key.encode()) % SENDER_SHARDS
-        try:
-            self._outboxes[shard][0].send_nowait(
-                _Outgoing(target, encode(envelope), give_up_at, on_unreached)
-            )
-        except trio.WouldBlock:
-            log.error("bus outbox full; dropped an envelope to %s", target)
-
-    async def _drain_outbox(self, receive: trio.MemoryReceiveChannel[_Outgoing]) -> None:
-        async for item in receive:
-            while True:
-                try:
-                    reached = await self.bus.send(item.target, item.payload)
-                except CoordinationUnavailable:
-                    if self._clock() >= item.give_up_at:
-                        break
-                    await trio.sleep(OUTBOX_RETRY_S)
-                    continue
-                if reached == 0 and item.on_unreached is not None:
-                    item.on_unreached()
-                break
 
 
 async def hold_single_instance_lock(
@@ -584,5 +539,3 @@ async def hold_single_instance_lock(
                 await coordination.compare_and_set(key, value, None)
             except CoordinationUnavailable:
                 pass
-
-

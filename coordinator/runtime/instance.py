@@ -141,7 +141,7 @@ class Instance:
         while True:
             try:
                 self.ratings = await self.store.node_ratings()
-            except Exception:  # noqa: BLE001 - ratings only order placement; keep the old ones
+            except Exception:
                 log.exception("could not refresh node ratings")
             await trio.sleep(RATINGS_REFRESH_S)
 
@@ -151,7 +151,9 @@ class Instance:
         while True:
             await trio.sleep(1.0)
             for task in self.tracker.expired(self.clock()):
-                self._deliver(task.task_id, FailedEvent(TaskTimedOut(f"task {task.task_id} timed out")))
+                self._deliver(
+                    task.task_id, FailedEvent(TaskTimedOut(f"task {task.task_id} timed out"))
+                )
                 self._waiting.pop(task.task_id, None)
                 self._cancel(task.owner_instance, task.conn_id, task.task_id, "task_timeout")
 
@@ -215,7 +217,9 @@ class Instance:
     def replace_connection(self, conn_id: str, node_id: str) -> None:
         """A newer connection of the node exists on another instance: close ours with 4000."""
         conn = self.nodes.by_conn(conn_id)
-        self._close_link(conn_id, CLOSE_REPLACED, f"replaced by a newer connection of node {node_id}")
+        self._close_link(
+            conn_id, CLOSE_REPLACED, f"replaced by a newer connection of node {node_id}"
+        )
         if conn is not None:
             self.nodes.unregister(conn_id)
             self._forget_connection(conn, "was replaced by a newer connection")
@@ -224,7 +228,8 @@ class Instance:
         self._links.pop(conn.conn_id, None)
         for task in self.tracker.fail_connection(conn.conn_id):
             self._deliver(
-                task.task_id, FailedEvent(NodeDisconnected(f"node {conn.node_id} {why} during the task"))
+                task.task_id,
+                FailedEvent(NodeDisconnected(f"node {conn.node_id} {why} during the task")),
             )
         if self.cluster is not None:
             self.cluster.connection_lost(conn, why)
@@ -357,7 +362,9 @@ class Instance:
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
         deadline = self.clock() + timeout
-        assign = Assign(task_id=task_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout)
+        assign = Assign(
+            task_id=task_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout
+        )
         send, receive = trio.open_memory_channel[TaskEvent](math.inf)
         self._waiting[task_id] = send
         try:
@@ -470,7 +477,7 @@ class Instance:
         try:
             with trio.move_on_after(5):
                 await self.store.record_task(record)
-        except Exception:  # noqa: BLE001 - the client already has its answer; keep serving
+        except Exception:
             log.exception("could not record task %s", handle.task_id)
 
     # -- status -----------------------------------------------------------------------------
@@ -494,7 +501,9 @@ class Instance:
             "local_in_flight": len(self.tracker),
             "dropped_answers": {v.value: n for v, n in self.tracker.dropped.items()},
             "forwarded_in_flight": len(cluster.forwarding) if cluster else 0,
-            "forwards_dropped_wrong_source": cluster.forwarding.dropped_wrong_source if cluster else 0,
+            "forwards_dropped_wrong_source": cluster.forwarding.dropped_wrong_source
+            if cluster
+            else 0,
             "liveness_lost": cluster.liveness_lost if cluster else 0,
             "bus_losses": cluster.bus_losses if cluster else 0,
         }

@@ -65,8 +65,8 @@ async def serve_node_socket(instance: Instance, socket: NodeSocket) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(2):
         try:
             await socket.close(code, _reason(reason))
-        except Exception:  # noqa: BLE001 - the peer may already be gone; nothing to tell it
-            pass
+        except Exception as exc:  # noqa: BLE001 - the peer may already be gone
+            log.debug("could not close a node socket cleanly: %r", exc)
 
 
 async def _receive_hello(instance: Instance, socket: NodeSocket) -> Hello:
@@ -77,7 +77,9 @@ async def _receive_hello(instance: Instance, socket: NodeSocket) -> Hello:
         except ProtocolError as exc:
             raise _Closing(CLOSE_PROTOCOL_ERROR, str(exc)) from None
         if not isinstance(envelope, Hello):
-            raise _Closing(CLOSE_PROTOCOL_ERROR, f"expected hello first, got {type(envelope).__name__}")
+            raise _Closing(
+                CLOSE_PROTOCOL_ERROR, f"expected hello first, got {type(envelope).__name__}"
+            )
         if not await instance.store.verify_node_token(envelope.node_id, envelope.token):
             log.warning("node %s failed authentication", envelope.node_id)
             raise _Closing(CLOSE_AUTH_FAILED, f"authentication failed for node {envelope.node_id}")

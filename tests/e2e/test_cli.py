@@ -20,8 +20,13 @@ def test_key_and_token_are_alone_on_the_last_line(procs: Processes) -> None:
 
 
 def test_every_subcommand_has_help(procs: Processes) -> None:
-    for args in (["--help"], ["serve", "--help"], ["keys", "create", "--help"],
-                 ["nodes", "enroll", "--help"], ["node", "--help"]):
+    for args in (
+        ["--help"],
+        ["serve", "--help"],
+        ["keys", "create", "--help"],
+        ["nodes", "enroll", "--help"],
+        ["node", "--help"],
+    ):
         done = procs.cli(*args)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), args
 
@@ -36,8 +41,16 @@ def test_bad_settings_fail_with_one_line(procs: Processes) -> None:
 def test_app_runs_under_plain_hypercorn(procs: Processes) -> None:
     port = free_port()
     proc = procs._popen(
-        [sys.executable, "-m", "hypercorn", "--worker-class", "trio", "-b", f"127.0.0.1:{port}",
-         "coordinator.app:create_app()"]
+        [
+            sys.executable,
+            "-m",
+            "hypercorn",
+            "--worker-class",
+            "trio",
+            "-b",
+            f"127.0.0.1:{port}",
+            "coordinator.app:create_app()",
+        ]
     )
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(f"{url}/healthz").json() == {"ok": True}, "hypercorn serving")

@@ -33,7 +33,10 @@ def shared(procs: Processes, redis_server) -> Processes:
 
 @pytest.fixture
 def two(shared: Processes) -> tuple[Coordinator, Coordinator]:
-    a, b = shared.coordinator(GEMMANET_INSTANCE_ID="A"), shared.coordinator(GEMMANET_INSTANCE_ID="B")
+    a, b = (
+        shared.coordinator(GEMMANET_INSTANCE_ID="A"),
+        shared.coordinator(GEMMANET_INSTANCE_ID="B"),
+    )
     wait_until(lambda: a.status()["instances"] == 2 and b.status()["instances"] == 2, "2 instances")
     return a, b
 

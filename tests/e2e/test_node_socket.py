@@ -34,14 +34,28 @@ async def post(coord: Coordinator, key: str, **body: object) -> httpx.Response:
         )
 
 
+def spawn_request(
+    nursery: trio.Nursery, coord: Coordinator, key: str, **body: object
+) -> list[httpx.Response]:
+    """Start a client request in the background; its response lands in the returned list."""
+    results: list[httpx.Response] = []
+
+    async def client() -> None:
+        results.append(await post(coord, key, **body))
+
+    nursery.start_soon(client)
+    return results
+
+
 async def test_second_connection_replaces_the_first_with_4000(procs, coord) -> None:
     token = procs.enroll("dup")
-    async with raw_node(coord.url, "dup", token) as first:
-        async with raw_node(coord.url, "dup", token) as second:
-            assert await first.close_code() == 4000
-            assert second.welcome is not None
-            status = coord.status()
-            assert status["online_nodes"] == 1
+    async with (
+        raw_node(coord.url, "dup", token) as first,
+        raw_node(coord.url, "dup", token) as second,
+    ):
+        assert await first.close_code() == 4000
+        assert second.welcome is not None
+        assert coord.status()["online_nodes"] == 1
 
 
 async def test_bad_token_is_4001(procs, coord) -> None:
@@ -70,16 +84,12 @@ async def test_bad_first_envelope_is_4002(procs, coord, payload) -> None:
 
 
 async def test_garbage_after_hello_is_4002_and_others_are_undisturbed(procs, coord, key) -> None:
-    async with raw_node(coord.url, "good", procs.enroll("good")) as good, raw_node(
-        coord.url, "bad", procs.enroll("bad"), models=("other",)
-    ) as bad:
+    async with (
+        raw_node(coord.url, "good", procs.enroll("good")) as good,
+        raw_node(coord.url, "bad", procs.enroll("bad"), models=("other",)) as bad,
+    ):
         async with trio.open_nursery() as nursery:
-            results: list[httpx.Response] = []
-
-            async def client() -> None:
-                results.append(await post(coord, key, model="echo", prompt="still fine"))
-
-            nursery.start_soon(client)
+            results = spawn_request(nursery, coord, key, model="echo", prompt="still fine")
             assign = await good.receive()
             assert isinstance(assign, Assign)
             await bad.send_raw('{"v": 1, "type": "chunk", "task_id": 5}')
@@ -89,16 +99,12 @@ async def test_garbage_after_hello_is_4002_and_others_are_undisturbed(procs, coo
 
 
 async def test_only_the_assigned_connection_may_answer(procs, coord, key) -> None:
-    async with raw_node(coord.url, "a", procs.enroll("a")) as a, raw_node(
-        coord.url, "b", procs.enroll("b"), models=("other",)
-    ) as b:
+    async with (
+        raw_node(coord.url, "a", procs.enroll("a")) as a,
+        raw_node(coord.url, "b", procs.enroll("b"), models=("other",)) as b,
+    ):
         async with trio.open_nursery() as nursery:
-            results: list[httpx.Response] = []
-
-            async def client() -> None:
-                results.append(await post(coord, key, model="echo", prompt="p"))
-
-            nursery.start_soon(client)
+            results = spawn_request(nursery, coord, key, model="echo", prompt="p")
             assign = await a.receive()
             assert isinstance(assign, Assign)
             # A different node tries to answer a's task: it must not reach the client.
@@ -114,12 +120,7 @@ async def test_only_the_assigned_connection_may_answer(procs, coord, key) -> Non
 async def test_replayed_chunks_and_results_are_delivered_once(procs, coord, key) -> None:
     async with raw_node(coord.url, "a", procs.enroll("a")) as a:
         async with trio.open_nursery() as nursery:
-            results: list[httpx.Response] = []
-
-            async def client() -> None:
-                results.append(await post(coord, key, model="echo", prompt="x y", stream=True))
-
-            nursery.start_soon(client)
+            results = spawn_request(nursery, coord, key, model="echo", prompt="x y", stream=True)
             assign = await a.receive()
             assert isinstance(assign, Assign) and assign.stream
             for envelope in [
@@ -138,16 +139,15 @@ async def test_replayed_chunks_and_results_are_delivered_once(procs, coord, key)
 
 async def test_node_disconnect_mid_task_is_502_at_once(procs, coord, key) -> None:
     results: list[tuple[httpx.Response, float]] = []
-    async with trio.open_nursery() as nursery:
-        async with raw_node(coord.url, "a", procs.enroll("a")) as a:
+    async with trio.open_nursery() as nursery, raw_node(coord.url, "a", procs.enroll("a")) as a:
 
-            async def client() -> None:
-                response = await post(coord, key, model="echo", prompt="p")
-                results.append((response, time.monotonic()))
+        async def client() -> None:
+            response = await post(coord, key, model="echo", prompt="p")
+            results.append((response, time.monotonic()))
 
-            nursery.start_soon(client)
-            assert isinstance(await a.receive(), Assign)
-            closed_at = time.monotonic()
+        nursery.start_soon(client)
+        assert isinstance(await a.receive(), Assign)
+        closed_at = time.monotonic()
         # leaving the block closed the socket mid-task
     response, answered_at = results[0]
     assert response.status_code == 502
@@ -157,16 +157,15 @@ async def test_node_disconnect_mid_task_is_502_at_once(procs, coord, key) -> Non
 
 async def test_stream_gets_error_event_when_node_dies_after_first_chunk(procs, coord, key) -> None:
     results: list[httpx.Response] = []
-    async with trio.open_nursery() as nursery:
-        async with raw_node(coord.url, "a", procs.enroll("a")) as a:
+    async with trio.open_nursery() as nursery, raw_node(coord.url, "a", procs.enroll("a")) as a:
 
-            async def client() -> None:
-                results.append(await post(coord, key, model="echo", prompt="p q", stream=True))
+        async def client() -> None:
+            results.append(await post(coord, key, model="echo", prompt="p q", stream=True))
 
-            nursery.start_soon(client)
-            assign = await a.receive()
-            await a.send(Chunk(task_id=assign.task_id, seq=0, delta="p "))
-            await trio.sleep(0.2)
+        nursery.start_soon(client)
+        assign = await a.receive()
+        await a.send(Chunk(task_id=assign.task_id, seq=0, delta="p "))
+        await trio.sleep(0.2)
     response = results[0]
     assert response.status_code == 200
     assert '"delta": "p "' in response.text or '"delta":"p "' in response.text
@@ -174,16 +173,10 @@ async def test_stream_gets_error_event_when_node_dies_after_first_chunk(procs, c
 
 
 async def test_node_error_is_502_node_error(procs, coord, key) -> None:
-    async with raw_node(coord.url, "a", procs.enroll("a")) as a:
-        async with trio.open_nursery() as nursery:
-            results: list[httpx.Response] = []
-
-            async def client() -> None:
-                results.append(await post(coord, key, model="echo", prompt="p"))
-
-            nursery.start_soon(client)
-            assign = await a.receive()
-            await a.send(Error(task_id=assign.task_id, code="backend_error", message="boom"))
+    async with raw_node(coord.url, "a", procs.enroll("a")) as a, trio.open_nursery() as nursery:
+        results = spawn_request(nursery, coord, key, model="echo", prompt="p")
+        assign = await a.receive()
+        await a.send(Error(task_id=assign.task_id, code="backend_error", message="boom"))
     assert results[0].status_code == 502
     assert results[0].json()["error"]["code"] == "node_error"
     assert "boom" in results[0].json()["error"]["message"]
@@ -192,12 +185,7 @@ async def test_node_error_is_502_node_error(procs, coord, key) -> None:
 async def test_silent_node_is_dropped_and_its_task_fails(procs, coord, key) -> None:
     async with raw_node(coord.url, "quiet", procs.enroll("quiet")) as node:
         async with trio.open_nursery() as nursery:
-            results: list[httpx.Response] = []
-
-            async def client() -> None:
-                results.append(await post(coord, key, model="echo", prompt="p"))
-
-            nursery.start_soon(client)
+            results = spawn_request(nursery, coord, key, model="echo", prompt="p")
             assert isinstance(await node.receive(), Assign)
             node.silence()
             started = time.monotonic()
@@ -228,12 +216,7 @@ async def test_client_going_away_cancels_the_task_on_the_node(procs, coord, key)
 async def test_max_parallel_is_honoured(procs, coord, key) -> None:
     async with raw_node(coord.url, "single", procs.enroll("single"), max_parallel=1) as node:
         async with trio.open_nursery() as nursery:
-            results: list[httpx.Response] = []
-
-            async def client() -> None:
-                results.append(await post(coord, key, model="echo", prompt="first"))
-
-            nursery.start_soon(client)
+            results = spawn_request(nursery, coord, key, model="echo", prompt="first")
             assign = await node.receive()
             second = await post(coord, key, model="echo", prompt="second")
             assert second.status_code == 503

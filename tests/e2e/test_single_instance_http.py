@@ -24,7 +24,7 @@ def sse_events(response: httpx.Response) -> list[dict[str, object]]:
     for block in response.text.split("\n\n"):
         if block.strip():
             assert block.startswith("data: "), block
-            events.append(json.loads(block[len("data: "):]))
+            events.append(json.loads(block[len("data: ") :]))
     return events
 
 
@@ -98,14 +98,24 @@ def test_errors_are_json_with_the_interface_statuses(setup) -> None:
     auth = {"Authorization": f"Bearer {key}"}
     cases = [
         ({}, b'{"model": "echo", "prompt": "x"}', 401, "unauthorized"),
-        ({"Authorization": "Bearer gn_unknown"}, b'{"model":"echo","prompt":"x"}', 401, "unauthorized"),
+        (
+            {"Authorization": "Bearer gn_unknown"},
+            b'{"model":"echo","prompt":"x"}',
+            401,
+            "unauthorized",
+        ),
         (auth, b'{"model": "echo", "prompt": ', 400, "malformed_json"),
         (auth, b"", 400, "malformed_json"),
         (auth, b'{"prompt": "no model"}', 422, "invalid_request"),
         (auth, b'{"model": "echo", "prompt": "x", "stream": "yes"}', 422, "invalid_request"),
         (auth, b'{"model": "echo", "prompt": "x", "timeout_s": -1}', 422, "invalid_request"),
         (auth, b'["model", "echo"]', 422, "invalid_request"),
-        (auth, b'{"model": "echo", "prompt": "' + b"x" * (1024 * 1024 + 10) + b'"}', 413, "payload_too_large"),
+        (
+            auth,
+            b'{"model": "echo", "prompt": "' + b"x" * (1024 * 1024 + 10) + b'"}',
+            413,
+            "payload_too_large",
+        ),
     ]
     for headers, body, status, code in cases:
         r = coord.http.post("/api/v1/request", content=body, headers=headers)

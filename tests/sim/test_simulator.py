@@ -18,7 +18,13 @@ SIM = [sys.executable, "-m", "coordinator.cli", "sim"]
 def sim(*args: str, hash_seed: str = "0", cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     return subprocess.run(
-        [*SIM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [*SIM, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
 
 
@@ -46,8 +52,17 @@ def test_different_seeds_give_different_traces() -> None:
     [("connection-check-off", "own-answer"), ("owner-sweeper-off", "dead-owner-bound")],
 )
 def test_broken_variants_are_caught_and_replay_the_same_way(tmp_path, mutation, invariant) -> None:
-    done = sim("sweep", "--seeds", "1-24", "--jobs", "2", "--mutation", mutation,
-               "--trace-dir", str(tmp_path))
+    done = sim(
+        "sweep",
+        "--seeds",
+        "1-24",
+        "--jobs",
+        "2",
+        "--mutation",
+        mutation,
+        "--trace-dir",
+        str(tmp_path),
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert f": {invariant} at t=" in done.stdout
     traces = sorted(tmp_path.glob("seed-*.jsonl"))

@@ -1,0 +1,82 @@
+"""Envelopes waiting to go out on the instance bus.
+
+Senders never block: ``send`` queues and returns. A few ordered lanes drain the queue; a task's
+envelopes always take the same lane, so its chunks and result arrive in order. A send that fails
+because Redis is briefly away is retried until the envelope's own deadline (the task is over by
+then); a send that reaches nobody calls ``on_unreached`` (the addressed instance is gone)."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import trio
+
+from coordinator.coordination import CoordinationUnavailable
+from coordinator.runtime.bus import Bus
+from protocol import encode
+
+log = logging.getLogger("gemmanet.bus")
+
+LANES = 4
+RETRY_S = 0.2
+LANE_CAPACITY = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    target: str
+    payload: bytes
+    give_up_at: float
+    on_unreached: Callable[[], None] | None
+
+
+class BusOutbox:
+    def __init__(self, bus: Bus, clock: Callable[[], float]) -> None:
+        self._bus, self._clock = bus, clock
+        self._lanes = [trio.open_memory_channel[_Outgoing](LANE_CAPACITY) for _ in range(LANES)]
+        self.dropped_full = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for _, receive in self._lanes:
+                nursery.start_soon(self._drain, receive)
+            task_status.started()
+
+    def send(
+        self,
+        target: str,
+        envelope: msgspec.Struct,
+        *,
+        give_up_in: float = 5.0,
+        give_up_at: float | None = None,
+        on_unreached: Callable[[], None] | None = None,
+    ) -> None:
+        if give_up_at is None:
+            give_up_at = self._clock() + give_up_in
+        key = getattr(envelope, "task_id", None) or getattr(envelope, "node_id", "")
+        lane = zlib.crc32(key.encode()) % LANES
+        try:
+            self._lanes[lane][0].send_nowait(
+                _Outgoing(target, encode(envelope), give_up_at, on_unreached)
+            )
+        except trio.WouldBlock:
+            self.dropped_full += 1
+            log.error("bus outbox full; dropped an envelope to %s", target)
+
+    async def _drain(self, receive: trio.MemoryReceiveChannel[_Outgoing]) -> None:
+        async for item in receive:
+            while True:
+                try:
+                    reached = await self._bus.send(item.target, item.payload)
+                except CoordinationUnavailable:
+                    if self._clock() >= item.give_up_at:
+                        break
+                    await trio.sleep(RETRY_S)
+                    continue
+                if reached == 0 and item.on_unreached is not None:
+                    item.on_unreached()
+                break
