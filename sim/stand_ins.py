@@ -26,6 +26,11 @@ class SimStore:
     async def record_task(self, record: TaskRecord) -> None:
         self.tasks[record.task_id] = record
 
+    async def record_tasks(self, records: list[TaskRecord]) -> int:
+        for record in records:
+            self.tasks[record.task_id] = record
+        return len(records)
+
     async def node_ratings(self) -> dict[str, tuple[float, int]]:
         return {}
 

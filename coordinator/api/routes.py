@@ -122,7 +122,7 @@ def register_routes(app: Quart) -> None:
         api_key = await authenticate()
         body = await read_body(RatingRequest)
         try:
-            await instance().store.rate_task(task_id, api_key.key_id, body.score)
+            await instance().rate_task(task_id, api_key.key_id, body.score)
         except TaskNotFound:
             raise NotFound(f"no task {task_id!r}", code="task_not_found") from None
         except TaskForbidden:
@@ -172,7 +172,7 @@ async def _events(
     finally:
         with trio.CancelScope(shield=True):
             await inst.end_task(handle, outcome)
-    # Recorded before the final event, so a rating sent right after it finds the task.
+    # The task is recorded (queued for the next batch write) before the final event.
     yield _sse(
         {"done": True, "task_id": handle.task_id, "node_id": handle.node_id, "output": event.output}
     )

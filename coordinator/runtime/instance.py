@@ -40,8 +40,9 @@ from coordinator.runtime.task_handle import (
     TaskEvent,
     TaskHandle,
 )
+from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
-from coordinator.store import Store, TaskRecord
+from coordinator.store import Store, TaskNotFound, TaskRecord
 from protocol import (
     Assign,
     BusNodeGone,
@@ -105,12 +106,14 @@ class Instance:
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
+        self.recorder = TaskRecorder(store)
 
     # -- supervision ------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.recorder.run)
             if self.cluster is not None:
                 await nursery.start(self.cluster.run)
             nursery.start_soon(self._drop_silent_nodes)
@@ -430,8 +433,7 @@ class Instance:
         if task is not None:
             # Nobody waits for the answer any more: free the node's slot and tell the node.
             self._cancel(task.owner_instance, task.conn_id, task.task_id, outcome)
-        with trio.CancelScope(shield=True):
-            await self._record(handle)
+        self._record(handle)
 
     def _cancel(self, owner_instance: str, conn_id: str, task_id: str, reason: str) -> None:
         if owner_instance == self.instance_id:
@@ -460,25 +462,37 @@ class Instance:
         finally:
             await self.end_task(handle, outcome)
 
-    async def _record(self, handle: TaskHandle) -> None:
+    def _record(self, handle: TaskHandle) -> None:
         outcome = handle.outcome or "ok"
-        record = TaskRecord(
-            task_id=handle.task_id,
-            key_id=handle.key_id,
-            node_id=handle.node_id,
-            model=handle.model,
-            status="ok" if outcome == "ok" else "error",
-            error_code=None if outcome == "ok" else outcome,
-            created_at=handle.created_at,
-            finished_at=self._wall_clock(),
-            stream=handle.stream,
-            instance_id=self.instance_id,
+        self.recorder.add(
+            TaskRecord(
+                task_id=handle.task_id,
+                key_id=handle.key_id,
+                node_id=handle.node_id,
+                model=handle.model,
+                status="ok" if outcome == "ok" else "error",
+                error_code=None if outcome == "ok" else outcome,
+                created_at=handle.created_at,
+                finished_at=self._wall_clock(),
+                stream=handle.stream,
+                instance_id=self.instance_id,
+            )
         )
-        try:
-            with trio.move_on_after(5):
-                await self.store.record_task(record)
-        except Exception:
-            log.exception("could not record task %s", handle.task_id)
+
+    async def rate_task(self, task_id: str, key_id: str, score: int) -> None:
+        """Rate a task. Its record may still be on its way to the database (written in
+        batches every 50 ms, here or on the instance that served it): wait for it briefly
+        before answering that the task does not exist."""
+        for delay in (0.0, 0.1, 0.2, 0.4):
+            await trio.sleep(delay)
+            if self.recorder.is_pending(task_id):
+                await self.recorder.flush()
+            try:
+                await self.store.rate_task(task_id, key_id, score)
+                return
+            except TaskNotFound:
+                continue
+        raise TaskNotFound(task_id)
 
     # -- status -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ParamSpec, Self, TypeVar
 
@@ -268,6 +268,48 @@ class Store:
     async def record_task(self, record: TaskRecord) -> None:
         """Persist a finished task. Recording the same task_id twice raises StoreError."""
         await self._run(self.record_task_sync, record)
+
+    @_translate_errors
+    def record_tasks_sync(self, records: Sequence[TaskRecord]) -> int:
+        """Persist many finished tasks in one transaction (the server batches its writes).
+        A task id already recorded is skipped, not an error. Returns how many were written."""
+        for record in records:
+            if record.status not in TASK_STATUSES:
+                raise ValueError(f"task status must be one of {sorted(TASK_STATUSES)}")
+        rows = [
+            {
+                "task_id": r.task_id,
+                "key_id": r.key_id,
+                "node_id": r.node_id,
+                "model": r.model,
+                "status": r.status,
+                "error_code": r.error_code,
+                "created_at": r.created_at,
+                "finished_at": r.finished_at,
+                "latency_ms": r.latency_ms,
+                "stream": r.stream,
+                "instance_id": r.instance_id,
+            }
+            for r in records
+        ]
+        if not rows:
+            return 0
+        try:
+            with self._transaction() as conn:
+                conn.execute(tasks.insert(), rows)
+            return len(rows)
+        except sa.exc.IntegrityError:
+            written = 0
+            for record in records:  # a replayed id in the batch: write the others one by one
+                try:
+                    self.record_task_sync(record)
+                    written += 1
+                except StoreError:
+                    pass
+            return written
+
+    async def record_tasks(self, records: Sequence[TaskRecord]) -> int:
+        return await self._run(self.record_tasks_sync, records)
 
     @_translate_errors
     def get_task_sync(self, task_id: str) -> TaskRecord | None:

@@ -141,8 +141,9 @@ def test_rate_limit_is_429_with_retry_after(procs: Processes) -> None:
     coord = procs.coordinator(GEMMANET_RATE_LIMIT="3/minute")
     procs.node(coord, "echo-rl")
     key = procs.create_key("limited")
-    statuses = [coord.request(key, model="echo", prompt="x").status_code for _ in range(5)]
-    assert statuses == [200, 200, 200, 429, 429]
+    responses = [coord.request(key, model="echo", prompt="x") for _ in range(5)]
+    statuses = [r.status_code for r in responses]
+    assert statuses == [200, 200, 200, 429, 429], [r.text for r in responses]
     r = coord.request(key, model="echo", prompt="x")
     assert 1 <= int(r.headers["Retry-After"]) <= 60
     assert r.json()["error"]["code"] == "rate_limited"

@@ -207,6 +207,13 @@ class Harness:
         with Store.open(self.env["GEMMANET_DATABASE_URL"]) as store:
             return store.enroll_node_sync(node_id)
 
+    def enroll_many(self, node_ids: Iterable[str]) -> dict[str, str]:
+        """Node tokens for many identities through one store connection (node id -> token)."""
+        from coordinator.store import Store
+
+        with Store.open(self.env["GEMMANET_DATABASE_URL"]) as store:
+            return {node_id: store.enroll_node_sync(node_id) for node_id in node_ids}
+
     # -- processes ----------------------------------------------------------------------------
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
@@ -285,6 +292,18 @@ class Harness:
         wait_until(online, f"node {node_id} online (log {proc.log_path})")
         return proc
 
+    def stop(self, proc: Proc, timeout_s: float = 5.0) -> int | None:
+        """SIGTERM one process and wait for it (SIGKILL after ``timeout_s``); its exit code."""
+        self._stop(proc)
+        try:
+            return proc.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            try:
+                return proc.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                return None
+
     def _stop(self, proc: Proc) -> None:
         if proc.popen.poll() is None:
             try:
@@ -347,6 +366,17 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / _TICKS
     except (OSError, IndexError, ValueError):
         return math.nan
+
+
+def rss_bytes(pid: int) -> float:
+    """Resident set size of one process now (Linux /proc); NaN when unknown (e.g. it exited)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return float(line.split()[1]) * 1024.0  # reported in kB
+    except (OSError, IndexError, ValueError):
+        pass
+    return math.nan
 
 
 def fmt_ms(value: float) -> str:

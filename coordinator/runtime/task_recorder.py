@@ -1,0 +1,66 @@
+"""Task records are written in batches, off the request path.
+
+Writing each finished task in its own transaction, in a worker thread, before answering cost a
+request about 1.5 ms of coordinator CPU and a third of the throughput (tools/bench/throughput).
+The recorder instead collects records and writes them every ``interval_s`` in one transaction.
+A rating that arrives before its task's batch is written waits for it (``Instance.rate_task``)."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from coordinator.store import Store, TaskRecord
+
+log = logging.getLogger("gemmanet.recorder")
+
+# Beyond this many unwritten records (the database is down), new ones are dropped and counted.
+MAX_PENDING = 100_000
+MAX_BATCH = 1000
+
+
+class TaskRecorder:
+    def __init__(self, store: Store, *, interval_s: float = 0.05) -> None:
+        self._store = store
+        self._interval_s = interval_s
+        self._pending: dict[str, TaskRecord] = {}
+        self._wake = trio.Event()
+        self._flush_lock = trio.Lock()
+        self.dropped = 0
+        self.written = 0
+
+    def add(self, record: TaskRecord) -> None:
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1
+            return
+        self._pending[record.task_id] = record
+        self._wake.set()
+
+    def is_pending(self, task_id: str) -> bool:
+        return task_id in self._pending
+
+    async def flush(self) -> None:
+        """Write everything recorded so far (also what a concurrent flush is writing)."""
+        async with self._flush_lock:
+            while self._pending:
+                batch = dict(list(self._pending.items())[:MAX_BATCH])
+                try:
+                    self.written += await self._store.record_tasks(list(batch.values()))
+                except Exception:
+                    log.exception("could not write %d task record(s); will retry", len(batch))
+                    return
+                for task_id in batch:
+                    self._pending.pop(task_id, None)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await trio.sleep(self._interval_s)  # gather a batch
+                await self.flush()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.flush()
