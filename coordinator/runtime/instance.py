@@ -315,21 +315,15 @@ class Instance:
         if channel is not None:
             channel.send_nowait(event)
 
-    def fail_tasks_of_dead_owners(self, alive: set[str]) -> None:
+    def fail_tasks_of_dead_owners(self, alive: set[str], why: str | None = None) -> None:
+        """Tasks waiting on an instance not in ``alive`` end now with 502."""
         for task in self.tracker.fail_tasks_of_dead_owners(alive):
-            self._deliver(
-                task.task_id,
-                FailedEvent(
-                    NodeDisconnected(
-                        f"instance {task.owner_instance} serving node {task.node_id} went away"
-                    )
-                ),
-            )
+            message = why or f"instance {task.owner_instance} serving node {task.node_id} went away"
+            self._deliver(task.task_id, FailedEvent(NodeDisconnected(message)))
 
     def fail_remote_tasks(self, why: str) -> None:
         """Every task waiting on another instance ends now (its answer may have been lost)."""
-        self.fail_tasks_of_dead_owners({self.instance_id})
-        _ = why
+        self.fail_tasks_of_dead_owners({self.instance_id}, why)
 
     # -- request side -----------------------------------------------------------------------
 
