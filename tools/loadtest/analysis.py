@@ -1,0 +1,566 @@
+"""Figures of one phase (from the request records, the node journal and the /proc samples) and
+the pass/fail criteria over all phases."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tools.bench._harness import percentile, summary_ms
+from tools.loadtest import profile as prof
+from tools.loadtest.journal import JournalReader
+from tools.loadtest.load import Load, Rec
+from tools.loadtest.profile import Profile
+from tools.loadtest.sampler import Sampler, Series
+
+WRONG_OUTPUT = ("200 wrong output", "200 wrong stream output")
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: None instead, recursively; floats rounded to what matters."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else round(value, 3)
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def segment(rec: Rec, load: Load) -> str:
+    """ramp | steady | prekill (after the steady phase, before the kill) | fault (after it)."""
+    if rec.kind == "ramp" or rec.sched < load.hold_end:
+        return "ramp"
+    if rec.sched < load.steady_end:
+        return "steady"
+    if math.isnan(load.kill_t) or rec.sched < load.kill_t:
+        return "prekill"
+    return "fault"
+
+
+def latency_s(rec: Rec) -> float:
+    """From the scheduled send time (open loop) to the answer."""
+    return rec.done - rec.sched
+
+
+def _ms(values: Sequence[float]) -> dict[str, float]:
+    data = summary_ms(values)
+    data["count"] = len(values)
+    return data
+
+
+def _outcomes(recs: Iterable[Rec]) -> dict[str, Any]:
+    recs = list(recs)
+    errors = Counter(r.label for r in recs if r.outcome == "error")
+    lost = Counter(r.label for r in recs if r.outcome == "lost")
+    return {
+        "sent": len(recs),
+        "ok": sum(1 for r in recs if r.outcome == "ok"),
+        "errors": dict(errors),
+        "lost": dict(lost),
+    }
+
+
+def _rolling_max(values: Sequence[float], window: int) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return math.nan
+    if len(values) <= window:
+        return statistics.fmean(values)
+    sums = [statistics.fmean(values[i : i + window]) for i in range(len(values) - window + 1)]
+    return max(sums)
+
+
+def resource_figures(series: Series, start: float, end: float) -> dict[str, float]:
+    idx = [i for i, t in enumerate(series.t) if start <= t <= end]
+    cpu = [series.cpu_pct[i] for i in idx if not math.isnan(series.cpu_pct[i])]
+    rss = [series.rss_mb[i] for i in idx]
+    data: dict[str, float] = {
+        "samples": len(idx),
+        "cpu_mean_pct": statistics.fmean(cpu) if cpu else math.nan,
+        "cpu_p95_pct": percentile(cpu, 95),
+        "cpu_max_pct": max(cpu) if cpu else math.nan,
+        f"cpu_max_{prof.CPU_WINDOW_SAMPLES}s_pct": _rolling_max(cpu, prof.CPU_WINDOW_SAMPLES),
+        "rss_start_mb": math.nan,
+        "rss_end_mb": math.nan,
+        "rss_max_mb": max(rss) if rss else math.nan,
+        "rss_growth_pct": math.nan,
+    }
+    if rss:
+        edge = max(3, len(rss) // 10)
+        first = statistics.median(rss[:edge])
+        last = statistics.median(rss[-edge:])
+        data["rss_start_mb"] = first
+        data["rss_end_mb"] = last
+        data["rss_growth_pct"] = 100.0 * (last - first) / first if first > 0 else math.nan
+    return data
+
+
+def _per_second(recs: list[Rec], t0: float, end: float) -> dict[str, list[float]]:
+    """Latency percentiles and error counts per one-second bin of the answer time."""
+    bins: dict[int, list[float]] = {}
+    errs: Counter[int] = Counter()
+    for r in recs:
+        if math.isnan(r.done):
+            continue
+        b = int(r.done - t0)
+        if r.outcome == "ok":
+            bins.setdefault(b, []).append(latency_s(r) * 1000)
+        else:
+            errs[b] += 1
+    last = int(max(end - t0, 0)) + 1
+    out: dict[str, list[float]] = {"t": [], "p50": [], "p95": [], "p99": [], "ok": [], "errors": []}
+    for b in range(0, last):
+        values = bins.get(b, [])
+        out["t"].append(b + 0.5)
+        out["p50"].append(percentile(values, 50))
+        out["p95"].append(percentile(values, 95))
+        out["p99"].append(percentile(values, 99))
+        out["ok"].append(len(values))
+        out["errors"].append(errs.get(b, 0))
+    return out
+
+
+def kill_figures(load: Load, journal: JournalReader) -> dict[str, Any]:
+    """What the kill did: the in-flight tasks of the killed instance (how fast and how they
+    failed), the requests on the surviving instances, and how fast the nodes moved over."""
+    if load.killed is None:
+        return {}
+    k, kill_t = load.killed, load.kill_t
+    limit = prof.KILL_FAIL_WITHIN_S
+    on_killed: list[Rec] = []  # tasks the killed instance was serving for another instance
+    requested_on_killed: list[Rec] = []  # the client's connection was to the killed instance
+    others: list[Rec] = []
+    for rec in load.records:
+        in_flight = rec.sent < kill_t and not (rec.done < kill_t)
+        if not in_flight and not rec.sent >= kill_t:
+            continue
+        if not in_flight:
+            others.append(rec)
+            continue
+        if rec.inst == k:
+            requested_on_killed.append(rec)
+            continue
+        where = journal.assigned.get(rec.tag)
+        if where is not None and where.instance == k:
+            on_killed.append(rec)
+        elif where is None and rec.outcome != "ok" and rec.status == 502:
+            # dispatched to the killed instance but not yet started on its node
+            on_killed.append(rec)
+        else:
+            others.append(rec)
+
+    def fails_fast(rec: Rec) -> bool:
+        answered = rec.done - kill_t
+        if not answered <= limit:
+            return False
+        if rec.outcome == "ok":
+            return True  # its answer got out just before the kill
+        return rec.status == 502 or rec.label.startswith("connection lost: instance killed")
+
+    def times(recs: list[Rec]) -> dict[str, float]:
+        values = [max(0.0, r.done - kill_t) for r in recs if not math.isnan(r.done)]
+        return {
+            "max_s": max(values) if values else math.nan,
+            "p50_s": percentile(values, 50),
+        }
+
+    slow = [r for r in on_killed + requested_on_killed if not fails_fast(r)]
+    affected = [r for r in others if r.outcome != "ok"]
+    # Nodes that were on the killed instance: when did each reconnect elsewhere?
+    before = {}
+    for node_id, inst, t in journal.connects:
+        if t < kill_t:
+            before[node_id] = inst
+    moved: dict[str, float] = {}
+    for node_id, inst, t in journal.connects:
+        if t >= kill_t and before.get(node_id) == k and inst != k and node_id not in moved:
+            moved[node_id] = t - kill_t
+    stranded = sorted(n for n, inst in before.items() if inst == k and n not in moved)
+    return {
+        "instance": k,
+        "at_s": kill_t - load.t0,
+        **load.kill_info,
+        "in_flight_on_its_nodes": {
+            "count": len(on_killed),
+            "streams": sum(1 for r in on_killed if r.kind == "stream"),
+            "outcomes": dict(Counter(r.label for r in on_killed)),
+            "time_to_answer": times(on_killed),
+            "times_s": sorted(round(max(0.0, r.done - kill_t), 3) for r in on_killed),
+        },
+        "requested_on_it": {
+            "count": len(requested_on_killed),
+            "outcomes": dict(Counter(r.label for r in requested_on_killed)),
+            "time_to_answer": times(requested_on_killed),
+        },
+        "not_failed_fast": [
+            {"tag": r.tag, "label": r.label, "after_s": r.done - kill_t} for r in slow[:20]
+        ],
+        "not_failed_fast_count": len(slow),
+        "others": {
+            "count": len(others),
+            "ok": len(others) - len(affected),
+            "affected": dict(Counter(r.label for r in affected)),
+        },
+        "nodes_moved": {
+            "count": len(moved),
+            "of": sum(1 for inst in before.values() if inst == k),
+            "p50_s": percentile(list(moved.values()), 50),
+            "max_s": max(moved.values()) if moved else math.nan,
+            "stranded": stranded[:20],
+        },
+    }
+
+
+def phase_report(
+    profile: Profile,
+    instances: int,
+    load: Load,
+    journal: JournalReader,
+    sampler: Sampler,
+    coordinator_names: list[str],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    recs = load.records
+    plain = [r for r in recs if r.kind != "stream"]
+    streams = [r for r in recs if r.kind == "stream"]
+    by_seg: dict[str, list[Rec]] = {}
+    for r in plain:
+        by_seg.setdefault(segment(r, load), []).append(r)
+
+    requests: dict[str, Any] = {}
+    for seg in ("ramp", "steady", "prekill", "fault"):
+        group = by_seg.get(seg, [])
+        if not group and seg in ("prekill", "fault"):
+            continue
+        ok = [r for r in group if r.outcome == "ok"]
+        requests[seg] = {
+            **_outcomes(group),
+            "latency_ms": _ms([latency_s(r) for r in ok]),
+        }
+    steady = by_seg.get("steady", [])
+    steady_ok = [r for r in steady if r.outcome == "ok"]
+    sent_in_window = sum(1 for r in steady if load.hold_end <= r.sent <= load.steady_end)
+    requests["steady"]["sent_rate_per_s"] = sent_in_window / profile.duration_s
+    lag = [r.sent - r.sched for r in steady]
+    requests["steady"]["send_lag_ms"] = {
+        "p50": percentile(lag, 50) * 1000,
+        "p99": percentile(lag, 99) * 1000,
+        "max": (max(lag) * 1000) if lag else math.nan,
+    }
+
+    # Where the steady requests ran: on a node of the instance that took the request (local)
+    # or of another one (remote, one bus hop each way); and the coordinator's own share of the
+    # latency (minus the echo backend's sleep, which is random and dominates the spread).
+    local, remote, over_local, over_remote = [], [], [], []
+    for r in steady_ok:
+        where = journal.assigned.get(r.tag)
+        if where is None:
+            continue
+        delay = journal.delays.get(r.tag)
+        is_remote = where.instance != r.inst
+        (remote if is_remote else local).append(latency_s(r))
+        if delay is not None:
+            (over_remote if is_remote else over_local).append(latency_s(r) - delay)
+    placed = len(local) + len(remote)
+    cross = {
+        "remote_share": len(remote) / placed if placed else math.nan,
+        "latency_local_ms": _ms(local),
+        "latency_remote_ms": _ms(remote),
+        "overhead_all_ms": _ms(over_local + over_remote),
+        "overhead_local_ms": _ms(over_local),
+        "overhead_remote_ms": _ms(over_remote),
+    }
+
+    stream_ok = [r for r in streams if r.outcome == "ok"]
+    stream_window = max(1e-9, load.steady_end - load.hold_end)
+    busy = 0.0
+    for r in streams:
+        end = r.done if not math.isnan(r.done) else load.ended
+        busy += max(0.0, min(end, load.steady_end) - max(r.sent, load.hold_end))
+    stream_fig = {
+        **_outcomes(streams),
+        "ttfb_ms": _ms([r.first - r.sent for r in stream_ok if not math.isnan(r.first)]),
+        "duration_ms": _ms([r.done - r.sent for r in stream_ok]),
+        "mean_concurrent_in_steady": busy / stream_window,
+        "chunks": sum(r.chunks for r in streams),
+    }
+
+    resources: dict[str, Any] = {}
+    for name, series in sampler.series.items():
+        resources[name] = resource_figures(series, load.hold_end, load.steady_end)
+    box = [
+        v for t, v in zip(sampler.box.t, sampler.box.cpu_pct, strict=True)
+        if load.hold_end <= t <= load.steady_end
+    ]  # fmt: skip
+
+    t0 = load.t0
+    end = load.ended if not math.isnan(load.ended) else load.stop_at
+    plot_series = {
+        "latency": _per_second(plain, t0, end),
+        "resources": {
+            name: {
+                "t": [t - t0 for t in s.t],
+                "cpu_pct": s.cpu_pct,
+                "rss_mb": s.rss_mb,
+            }
+            for name, s in sampler.series.items()
+        },
+        "box_cpu_pct": {"t": [t - t0 for t in sampler.box.t], "cpu_pct": sampler.box.cpu_pct},
+        "marks": {
+            "hold_end": load.hold_end - t0,
+            "steady_end": load.steady_end - t0,
+            "kill": (load.kill_t - t0) if not math.isnan(load.kill_t) else None,
+            "stop": (load.stop_at - t0) if math.isfinite(load.stop_at) else None,
+        },
+    }
+    report = {
+        "instances": instances,
+        "coordinators": coordinator_names,
+        "timeline_s": {
+            "ramp": profile.ramp_s,
+            "hold": profile.hold_s,
+            "steady_from": load.hold_end - t0,
+            "steady_to": load.steady_end - t0,
+            "kill_at": (load.kill_t - t0) if not math.isnan(load.kill_t) else None,
+            "stop_at": (load.stop_at - t0) if math.isfinite(load.stop_at) else None,
+            "ended_at": end - t0,
+        },
+        "requests": requests,
+        "streams": stream_fig,
+        "concurrency": {
+            "ramp_target": profile.concurrency,
+            "ramp_reached": load.max_ramp_in_flight,
+            "max_in_flight_all": load.max_in_flight,
+        },
+        "cross_instance": cross,
+        "resources_steady": resources,
+        "box_cpu_steady_pct_of_one_core": {
+            "mean": statistics.fmean(box) if box else math.nan,
+            "max": max(box) if box else math.nan,
+        },
+        "kill": kill_figures(load, journal),
+        "totals": _outcomes(recs),
+        "journal_duplicates": journal.duplicates,
+        **extra,
+        "series": plot_series,
+    }
+    return _clean(report)  # type: ignore[no-any-return]
+
+
+# -- criteria -------------------------------------------------------------------------------
+
+
+def _criterion(
+    cid: str, text: str, threshold: str, measured: Any, passed: bool, source: str, **more: Any
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "criterion": text,
+        "threshold": threshold,
+        "measured": measured,
+        "pass": bool(passed),
+        "source": source,
+        **more,
+    }
+
+
+def criteria(profile: Profile, phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seed, ours = "seed 000 §4.1", "ours"
+    out: list[dict[str, Any]] = []
+    ran = [p for p in phases if "error" not in p]
+    failed_phases = [p["instances"] for p in phases if "error" in p]
+
+    # 1. zero lost tasks
+    lost = {p["instances"]: sum(p["totals"]["lost"].values()) for p in ran}
+    total = sum(p["totals"]["sent"] for p in ran)
+    out.append(
+        _criterion(
+            "zero_lost_tasks",
+            "every request gets a result or an explicit error",
+            "0 lost",
+            {"lost_by_phase": lost, "requests": total, "phases_that_did_not_run": failed_phases},
+            not failed_phases and ran and sum(lost.values()) == 0,
+            seed,
+        )
+    )
+
+    # 2-3. cross-instance hop against the baseline
+    base = next((p for p in ran if p["instances"] == 1), None)
+    multi = [p for p in ran if p["instances"] > 1]
+    for q, limit in (("p95", prof.HOP_P95_MS), ("p99", prof.HOP_P99_MS)):
+        diffs: dict[int, float | None] = {}
+        for p in multi:
+            if base is None:
+                diffs[p["instances"]] = None
+                continue
+            a = p["requests"]["steady"]["latency_ms"][f"{q}_ms"]
+            b = base["requests"]["steady"]["latency_ms"][f"{q}_ms"]
+            diffs[p["instances"]] = None if a is None or b is None else round(a - b, 3)
+        values = list(diffs.values())
+        ok = bool(values) and all(v is not None and v <= limit for v in values)
+        out.append(
+            _criterion(
+                f"hop_{q}",
+                f"the cross-instance hop adds at most {limit:g} ms at {q} (steady-phase latency "
+                "of N instances minus the single-instance baseline)",
+                f"<= {limit:g} ms",
+                {"added_ms_by_instances": diffs},
+                ok and len(multi) == len(set(profile.phases) - {1}) and not failed_phases,
+                seed,
+            )
+        )
+
+    # 4. CPU per instance
+    key = f"cpu_max_{prof.CPU_WINDOW_SAMPLES}s_pct"
+    cpu: dict[str, float | None] = {}
+    for p in ran:
+        for name in p["coordinators"]:
+            cpu[f"{p['instances']}:{name}"] = p["resources_steady"].get(name, {}).get(key)
+    out.append(
+        _criterion(
+            "cpu_per_instance",
+            f"coordinator CPU stays below {prof.CPU_LIMIT_PCT:g}% per instance (highest "
+            f"{prof.CPU_WINDOW_SAMPLES}-second average of one-second /proc samples over the "
+            "steady phase; 100% = one core)",
+            f"< {prof.CPU_LIMIT_PCT:g}%",
+            {"max_pct_by_phase_instance": cpu},
+            bool(cpu) and all(v is not None and v < prof.CPU_LIMIT_PCT for v in cpu.values()),
+            seed,
+        )
+    )
+
+    # 5. memory flat
+    growth: dict[str, float | None] = {}
+    for p in ran:
+        for name in p["coordinators"]:
+            growth[f"{p['instances']}:{name}"] = (
+                p["resources_steady"].get(name, {}).get("rss_growth_pct")
+            )
+    out.append(
+        _criterion(
+            "memory_flat",
+            f"coordinator RSS grows less than {prof.MEMORY_GROWTH_LIMIT_PCT:g}% over the steady "
+            "phase (median of its last tenth against its first tenth)",
+            f"< {prof.MEMORY_GROWTH_LIMIT_PCT:g}%",
+            {"growth_pct_by_phase_instance": growth},
+            bool(growth)
+            and all(v is not None and v < prof.MEMORY_GROWTH_LIMIT_PCT for v in growth.values()),
+            seed,
+        )
+    )
+
+    # 6-7. the kill
+    kills = {p["instances"]: p.get("kill") or {} for p in multi}
+    fast: dict[int, Any] = {}
+    ok_fast = bool(kills) and not failed_phases
+    for n, k in kills.items():
+        inflight = k.get("in_flight_on_its_nodes", {})
+        fast[n] = {
+            "tasks": inflight.get("count", 0),
+            "max_s": inflight.get("time_to_answer", {}).get("max_s"),
+            "outcomes": inflight.get("outcomes", {}),
+            "requested_on_killed": k.get("requested_on_it", {}).get("count", 0),
+            "not_failed_fast": k.get("not_failed_fast_count"),
+        }
+        if not k or inflight.get("count", 0) == 0 or k.get("not_failed_fast_count", 1) != 0:
+            ok_fast = False
+    out.append(
+        _criterion(
+            "kill_fails_fast",
+            "after kill -9 of an instance, its in-flight tasks fail with 502 within "
+            f"{prof.KILL_FAIL_WITHIN_S:g} s (and at least one such task was in flight)",
+            f"<= {prof.KILL_FAIL_WITHIN_S:g} s, status 502",
+            {"by_instances": fast},
+            ok_fast and len(multi) > 0,
+            seed,
+        )
+    )
+    unaffected: dict[int, Any] = {}
+    ok_others = bool(kills) and not failed_phases
+    for n, k in kills.items():
+        others = k.get("others", {})
+        unaffected[n] = others
+        if not k or others.get("count", 0) == 0 or others.get("ok") != others.get("count"):
+            ok_others = False
+    out.append(
+        _criterion(
+            "kill_others_unaffected",
+            "after the kill, requests on the surviving instances whose tasks were not on the "
+            "killed instance all succeed",
+            "100% ok",
+            {"by_instances": unaffected},
+            ok_others and len(multi) > 0,
+            seed,
+        )
+    )
+
+    # 8-10. ours
+    wrong = sum(
+        n for p in ran for label, n in p["totals"]["errors"].items() if label in WRONG_OUTPUT
+    )
+    out.append(
+        _criterion(
+            "answers_correct",
+            "every 200 carries exactly its prompt (streams: the deltas join to it)",
+            "0 wrong",
+            {"wrong": wrong},
+            wrong == 0 and bool(ran),
+            ours,
+        )
+    )
+    rates: dict[int, Any] = {}
+    ok_rate = bool(ran)
+    for p in ran:
+        errors = sent = 0
+        for seg in ("ramp", "steady", "prekill"):
+            group = p["requests"].get(seg)
+            if group:
+                errors += sum(group["errors"].values())
+                sent += group["sent"]
+        rates[p["instances"]] = {"errors": errors, "requests": sent}
+        if sent == 0 or errors / sent > prof.ERROR_RATE_LIMIT:
+            ok_rate = False
+    out.append(
+        _criterion(
+            "errors_before_kill",
+            "explicit errors (503, 504 …) before the kill stay rare",
+            f"<= {prof.ERROR_RATE_LIMIT:.1%} of requests",
+            {"by_instances": rates},
+            ok_rate,
+            ours,
+        )
+    )
+    achieved: dict[int, Any] = {}
+    ok_load = bool(ran)
+    floor = prof.LOAD_ACHIEVED_MIN
+    for p in ran:
+        rate = p["requests"]["steady"].get("sent_rate_per_s") or 0.0
+        reached = p["concurrency"]["ramp_reached"]
+        streams = p["streams"]["mean_concurrent_in_steady"] or 0.0
+        achieved[p["instances"]] = {
+            "steady_rate_per_s": rate,
+            "ramp_concurrency": reached,
+            "mean_streams": streams,
+            "send_lag_p99_ms": p["requests"]["steady"]["send_lag_ms"]["p99"],
+        }
+        if rate < floor * profile.rate or reached < floor * profile.concurrency:
+            ok_load = False
+        if profile.streams and streams < floor * profile.streams:
+            ok_load = False
+    out.append(
+        _criterion(
+            "load_generated",
+            "the load generator produced the profile: steady rate, ramp concurrency and "
+            "concurrent streams",
+            f">= {floor:.0%} of {profile.rate:g} req/s, {profile.concurrency} concurrent, "
+            f"{profile.streams} streams",
+            {"by_instances": achieved},
+            ok_load,
+            ours,
+        )
+    )
+    return out
