@@ -17,4 +17,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e '.[test]'
 
+# House style is part of the suite: lint everything, type-check the protocol strictly.
+.venv/bin/ruff check .
+.venv/bin/mypy --strict protocol
+
 exec .venv/bin/python -m pytest "$@"

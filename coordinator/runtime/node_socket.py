@@ -15,17 +15,7 @@ from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.node_table import NodeConnection
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.node_link import NodeLink
-from protocol import (
-    Chunk,
-    Error,
-    Heartbeat,
-    Hello,
-    ProtocolError,
-    Result,
-    Welcome,
-    decode_node,
-    encode,
-)
+from protocol import Heartbeat, Hello, NodeSession, ProtocolError, Welcome
 
 log = logging.getLogger("gemmanet.node_socket")
 
@@ -33,8 +23,6 @@ CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_AUTH_FAILED = 4001
 CLOSE_PROTOCOL_ERROR = 4002
 HELLO_TIMEOUT_S = 10.0
-# Envelope types a node may send after its hello.
-_FROM_NODE = (Heartbeat, Chunk, Result, Error)
 
 
 class NodeSocket(Protocol):
@@ -57,9 +45,11 @@ def _reason(text: str) -> str:
 
 async def serve_node_socket(instance: Instance, socket: NodeSocket) -> None:
     await socket.accept()
+    # The session refuses anything a node may not send in the current state (4002).
+    session = NodeSession("coordinator")
     try:
-        hello = await _receive_hello(instance, socket)
-        code, reason = await _serve_authenticated(instance, socket, hello)
+        hello = await _receive_hello(instance, socket, session)
+        code, reason = await _serve_authenticated(instance, socket, session, hello)
     except _Closing as closing:
         code, reason = closing.code, closing.reason
     with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -69,17 +59,14 @@ async def serve_node_socket(instance: Instance, socket: NodeSocket) -> None:
             log.debug("could not close a node socket cleanly: %r", exc)
 
 
-async def _receive_hello(instance: Instance, socket: NodeSocket) -> Hello:
+async def _receive_hello(instance: Instance, socket: NodeSocket, session: NodeSession) -> Hello:
     with trio.move_on_after(HELLO_TIMEOUT_S):
         data = await socket.receive()
         try:
-            envelope = decode_node(data)
+            envelope = session.receive(data)
         except ProtocolError as exc:
             raise _Closing(CLOSE_PROTOCOL_ERROR, str(exc)) from None
-        if not isinstance(envelope, Hello):
-            raise _Closing(
-                CLOSE_PROTOCOL_ERROR, f"expected hello first, got {type(envelope).__name__}"
-            )
+        assert isinstance(envelope, Hello)  # the session accepts nothing else first
         if not await instance.store.verify_node_token(envelope.node_id, envelope.token):
             log.warning("node %s failed authentication", envelope.node_id)
             raise _Closing(CLOSE_AUTH_FAILED, f"authentication failed for node {envelope.node_id}")
@@ -88,7 +75,7 @@ async def _receive_hello(instance: Instance, socket: NodeSocket) -> Hello:
 
 
 async def _serve_authenticated(
-    instance: Instance, socket: NodeSocket, hello: Hello
+    instance: Instance, socket: NodeSocket, session: NodeSession, hello: Hello
 ) -> tuple[int, str]:
     link = NodeLink()
     try:
@@ -98,19 +85,16 @@ async def _serve_authenticated(
         return CLOSE_TRY_AGAIN_LATER, "coordination store unavailable; reconnect later"
     log.info("node %s connected (%s) serving %s", hello.node_id, conn.conn_id, sorted(conn.models))
     try:
-        await socket.send(
-            encode(
-                Welcome(
-                    instance_id=instance.instance_id,
-                    conn_id=conn.conn_id,
-                    heartbeat_interval_s=instance.settings.heartbeat_interval_s,
-                )
-            ).decode()
+        welcome = Welcome(
+            instance_id=instance.instance_id,
+            conn_id=conn.conn_id,
+            heartbeat_interval_s=instance.settings.heartbeat_interval_s,
         )
+        await socket.send(session.send(welcome).decode())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_pump_outbox, socket, link)
             nursery.start_soon(_send_heartbeats, instance, link)
-            nursery.start_soon(_receive_envelopes, instance, socket, conn, link)
+            nursery.start_soon(_receive_envelopes, instance, socket, session, conn, link)
             await link.closed.wait()
             nursery.cancel_scope.cancel()
         return link.close_code, link.close_reason
@@ -131,19 +115,18 @@ async def _send_heartbeats(instance: Instance, link: NodeLink) -> None:
 
 
 async def _receive_envelopes(
-    instance: Instance, socket: NodeSocket, conn: NodeConnection, link: NodeLink
+    instance: Instance,
+    socket: NodeSocket,
+    session: NodeSession,
+    conn: NodeConnection,
+    link: NodeLink,
 ) -> None:
     while True:
         data = await socket.receive()
         try:
-            envelope = decode_node(data)
+            envelope = session.receive(data)
         except ProtocolError as exc:
             log.warning("node %s sent a bad envelope: %s", conn.node_id, exc)
             link.request_close(CLOSE_PROTOCOL_ERROR, str(exc))
-            return
-        if not isinstance(envelope, _FROM_NODE):
-            link.request_close(
-                CLOSE_PROTOCOL_ERROR, f"a node may not send {type(envelope).__name__}"
-            )
             return
         instance.on_node_envelope(conn, envelope)

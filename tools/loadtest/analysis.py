@@ -19,14 +19,14 @@ from tools.loadtest.sampler import Sampler, Series
 WRONG_OUTPUT = ("200 wrong output", "200 wrong stream output")
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """JSON has no NaN: None instead, recursively; floats rounded to what matters."""
     if isinstance(value, float):
         return None if math.isnan(value) or math.isinf(value) else round(value, 3)
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
@@ -113,7 +113,7 @@ def _per_second(recs: list[Rec], t0: float, end: float) -> dict[str, list[float]
             errs[b] += 1
     last = int(max(end - t0, 0)) + 1
     out: dict[str, list[float]] = {"t": [], "p50": [], "p95": [], "p99": [], "ok": [], "errors": []}
-    for b in range(0, last):
+    for b in range(last):
         values = bins.get(b, [])
         out["t"].append(b + 0.5)
         out["p50"].append(percentile(values, 50))
@@ -293,9 +293,10 @@ def phase_report(
     for name, series in sampler.series.items():
         resources[name] = resource_figures(series, load.hold_end, load.steady_end)
     box = [
-        v for t, v in zip(sampler.box.t, sampler.box.cpu_pct, strict=True)
+        v
+        for t, v in zip(sampler.box.t, sampler.box.cpu_pct, strict=True)
         if load.hold_end <= t <= load.steady_end
-    ]  # fmt: skip
+    ]
 
     t0 = load.t0
     end = load.ended if not math.isnan(load.ended) else load.stop_at
@@ -344,11 +345,12 @@ def phase_report(
         },
         "kill": kill_figures(load, journal),
         "totals": _outcomes(recs),
+        "error_messages": load.messages,
         "journal_duplicates": journal.duplicates,
         **extra,
         "series": plot_series,
     }
-    return _clean(report)  # type: ignore[no-any-return]
+    return clean_json(report)  # type: ignore[no-any-return]
 
 
 # -- criteria -------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from tools.loadtest.profile import MODEL, Profile
 
 VICTIM_WAIT_S = 5.0
 RETRY_PAUSE_S = 0.1
-_WORDS = "the quick brown fox jumps over the lazy dog while gemma nodes answer every request".split()
+_TEXT = "the quick brown fox jumps over the lazy dog while gemma nodes answer every request"
+_WORDS = tuple(_TEXT.split(" "))
 
 
 @dataclass(slots=True)
@@ -103,6 +104,8 @@ class Load:
         self._counter = 0
         self._rr = 0
         self._clients: list[httpx.AsyncClient] = []
+        #: the first few error messages of each error label (for the report)
+        self.messages: dict[str, list[str]] = {}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -120,12 +123,25 @@ class Load:
         if delay > 0:
             await trio.sleep(delay)
 
+    def _note(self, label: str, message: str) -> None:
+        seen = self.messages.setdefault(label, [])
+        if len(seen) < 3 and message not in seen:
+            seen.append(message[:300])
+
+    def _error_response(self, rec: Rec, response: httpx.Response) -> None:
+        rec.outcome, rec.label = "error", error_label(response)
+        try:
+            self._note(rec.label, str(response.json()["error"]["message"]))
+        except Exception:  # noqa: BLE001 - not our error shape: keep the start of the body
+            self._note(rec.label, response.text[:200])
+
     def _transport_error(self, rec: Rec, exc: BaseException) -> None:
         rec.done = time.monotonic()
         if rec.inst == self.killed and rec.done >= self.kill_t - 0.05:
             rec.outcome, rec.label = "error", "connection lost: instance killed (LB 502)"
         else:
             rec.outcome, rec.label = "lost", f"transport error {type(exc).__name__}"
+        self._note(rec.label, f"{type(exc).__name__}: {exc}")
 
     # -- one request --------------------------------------------------------------------------
 
@@ -159,7 +175,7 @@ class Load:
                     else:
                         rec.outcome, rec.label = "error", "200 wrong output"
                 else:
-                    rec.outcome, rec.label = "error", error_label(response)
+                    self._error_response(rec, response)
             if scope.cancelled_caught:
                 rec.outcome = "lost"
                 rec.label = f"no answer within {self.profile.client_timeout_s:g} s"
@@ -187,7 +203,7 @@ class Load:
                         if response.status_code != 200:
                             await response.aread()
                             rec.done = time.monotonic()
-                            rec.outcome, rec.label = "error", error_label(response)
+                            self._error_response(rec, response)
                             return
                         async for line in response.aiter_lines():
                             if not line.startswith("data:"):
@@ -210,6 +226,7 @@ class Load:
                                 rec.status = int(error.get("status", 0) or 0)
                                 rec.outcome = "error"
                                 rec.label = f"stream error {rec.status} {error.get('code', '?')}"
+                                self._note(rec.label, str(error.get("message", "")))
                                 return
                     rec.done = time.monotonic()
                     rec.outcome, rec.label = "lost", "stream ended without its final event"
@@ -323,9 +340,14 @@ class Load:
             # Everything is bounded: the last request starts before stop_at and ends within
             # client_timeout_s; the outer deadline is only a safety net.
             with trio.move_on_after(
-                p.ramp_s + p.hold_s + p.duration_s + VICTIM_WAIT_S + p.fault_s
-                + 3 * p.client_timeout_s + 30
-            ):  # fmt: skip
+                p.ramp_s
+                + p.hold_s
+                + p.duration_s
+                + VICTIM_WAIT_S
+                + p.fault_s
+                + 3 * p.client_timeout_s
+                + 30
+            ):
                 async with trio.open_nursery() as nursery:
                     for w in range(p.concurrency):
                         nursery.start_soon(self._ramp_worker, w)

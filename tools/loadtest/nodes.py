@@ -37,7 +37,14 @@ from typing import Any, TextIO
 import trio
 
 from protocol import Welcome
-from tools.node_agent import AgentConfig, AgentExit, EchoBackend, NodeAgent, parse_latency
+from tools.node_agent import (
+    AgentConfig,
+    AgentExit,
+    EchoBackend,
+    NodeAgent,
+    coordinator_ws_url,
+    parse_latency,
+)
 
 log = logging.getLogger("gemmanet.loadtest.nodes")
 
@@ -129,14 +136,14 @@ class FailoverAgent(NodeAgent):
 
 
 async def serve(spec: dict[str, Any], journal: Journal) -> int:
-    urls: list[str] = [u.rstrip("/") + "/ws/node" for u in spec["urls"]]
+    urls: list[str] = [coordinator_ws_url(u) for u in spec["urls"]]
     latency = parse_latency(str(spec.get("latency_ms", "0")))
     chunk_delay_s = float(spec.get("chunk_delay_ms", 0)) / 1000.0
     seed = int(spec.get("seed", 0))
     stagger_s = float(spec.get("stagger_s", 0.0))
     agents: list[FailoverAgent] = []
     refused: dict[str, str] = {}
-    for n, node in enumerate(spec["nodes"]):
+    for node in spec["nodes"]:
         rng = random.Random(f"{seed}:{node['node_id']}")
         backend = JournalingEcho(
             node["node_id"],
@@ -166,7 +173,6 @@ async def serve(spec: dict[str, Any], journal: Journal) -> int:
                 failover=bool(spec.get("failover", True)),
             )
         )
-        del n
 
     async def run_agent(agent: FailoverAgent) -> None:
         try:
@@ -175,7 +181,7 @@ async def serve(spec: dict[str, Any], journal: Journal) -> int:
             refused[agent.config.node_id] = exc.message
             log.warning("node %s stopped: %s", agent.config.node_id, exc.message)
 
-    async def watch_signals(cancel_scope: trio.CancelScope) -> None:
+    async def watch_signals() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
                 for agent in agents:
@@ -183,7 +189,7 @@ async def serve(spec: dict[str, Any], journal: Journal) -> int:
 
     async with trio.open_nursery() as outer:
         outer.start_soon(journal.run)
-        outer.start_soon(watch_signals, outer.cancel_scope)
+        outer.start_soon(watch_signals)
         async with trio.open_nursery() as nursery:
             for agent in agents:
                 nursery.start_soon(run_agent, agent)

@@ -43,8 +43,14 @@ def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
         errors = [(t, e) for t, e in zip(lat["t"], lat["errors"], strict=True) if e]
         if errors:
             ax2 = ax.twinx()
-            ax2.bar([t for t, _ in errors], [e for _, e in errors], width=0.9, alpha=0.3,
-                    color="black", label="errors/s")  # fmt: skip
+            ax2.bar(
+                [t for t, _ in errors],
+                [e for _, e in errors],
+                width=0.9,
+                alpha=0.3,
+                color="black",
+                label="errors/s",
+            )
             ax2.set_ylabel("errors / s")
         ax.set_title(f"{phase['instances']} instance(s): request latency per second")
         ax.set_ylabel("ms (from scheduled send)")
@@ -71,8 +77,9 @@ def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
             others = [n for n in resources if n not in phase["coordinators"]]
             for name in others:
                 s = resources[name]
-                ax.plot(s["t"], _nan(s[metric]), label=name, linewidth=0.8, linestyle="--",
-                        alpha=0.6)  # fmt: skip
+                ax.plot(
+                    s["t"], _nan(s[metric]), label=name, linewidth=0.8, linestyle="--", alpha=0.6
+                )
             if metric == "cpu_pct":
                 ax.axhline(70, color="red", linewidth=0.8, alpha=0.5)
             _marks(ax, phase["series"]["marks"])

@@ -91,7 +91,9 @@ def _copy_logs(harness: Harness, dest: Path) -> None:
             pass
 
 
-def run_phase(profile: Profile, instances: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_phase(
+    profile: Profile, instances: int, args: argparse.Namespace, out: Path
+) -> dict[str, Any]:
     env: dict[str, str] = {
         "GEMMANET_RATE_LIMIT": "100000000/minute",
         "GEMMANET_TASK_TIMEOUT_S": f"{profile.task_timeout_s:g}",
@@ -99,114 +101,131 @@ def run_phase(profile: Profile, instances: int, args: argparse.Namespace, out: P
     if args.database_url:
         env["GEMMANET_DATABASE_URL"] = args.database_url
     with Harness(keep=args.keep, **env) as harness:
-        for name in _INHERITED:
-            harness.env.pop(name, None)
-        if args.keep:
-            _say(f"logs and journals in {harness.dir}")
-        if instances > 1:
-            redis_url = harness.redis()
-            harness.env.update(
-                GEMMANET_REDIS_URL=redis_url,
-                GEMMANET_MULTI_INSTANCE="1",
-                GEMMANET_KEY_PREFIX=f"lt{os.getpid()}x{instances}",
-            )
-        keys = harness.create_keys(profile.clients + profile.streams, prefix=f"lt{instances}")
-        request_keys, stream_keys = keys[: profile.clients], keys[profile.clients :]
-        node_ids = [f"lt-node-{i:04d}" for i in range(profile.nodes)]
-        tokens = harness.enroll_many(node_ids)
-        names = [f"I{i}" for i in range(instances)]
-        coords = {name: harness.coordinator(name, GEMMANET_INSTANCE_ID=name) for name in names}
-        if instances > 1:
-            wait_until(
-                lambda: all(c.status()["instances"] == instances for c in coords.values()),
-                f"{instances} instances to see each other",
-            )
-        urls = [coords[name].url for name in names]
+        try:
+            return _phase(harness, profile, instances, args, out)
+        finally:
+            # Stopped first, so that their logs are complete (Harness.close finds them gone).
+            for proc in reversed(harness.procs):
+                if proc.popen.poll() is None:
+                    proc.popen.terminate()
+            for proc in reversed(harness.procs):
+                harness.stop(proc, timeout_s=3.0)
+            _copy_logs(harness, out / "logs" / f"{instances}-instances")
 
-        # Node i starts on instance i % instances; the helpers take every h-th node.
-        helpers: list[Proc] = []
-        journals: list[Path] = []
-        count = min(profile.helper_processes, profile.nodes)
-        for h in range(count):
-            journal_path = harness.dir / f"journal-{h}.tsv"
-            journals.append(journal_path)
-            spec = {
-                "urls": urls,
-                "nodes": [
-                    {"node_id": nid, "token": tokens[nid], "url_index": i % instances}
-                    for i, nid in enumerate(node_ids)
-                    if i % count == h
-                ],
-                "models": [MODEL],
-                "latency_ms": profile.latency_ms,
-                "chunk_delay_ms": profile.chunk_delay_ms,
-                "max_parallel": profile.max_parallel,
-                "journal": str(journal_path),
-                "seed": args.seed * 1000 + instances * 10 + h,
-                "failover": True,
-                "stagger_s": min(0.02, 2.0 / max(1, profile.nodes)),
-            }
-            spec_path = harness.dir / f"nodes-{h}.json"
-            fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as stream:
-                json.dump(spec, stream)
-            helpers.append(
-                harness.spawn(f"nodes-{h}", [sys.executable, "-m", "tools.loadtest.nodes",
-                                             str(spec_path)])  # fmt: skip
+
+def _phase(
+    harness: Harness, profile: Profile, instances: int, args: argparse.Namespace, out: Path
+) -> dict[str, Any]:
+    for name in _INHERITED:
+        harness.env.pop(name, None)
+    if args.keep:
+        _say(f"logs and journals in {harness.dir}")
+    if instances > 1:
+        redis_url = harness.redis()
+        harness.env.update(
+            GEMMANET_REDIS_URL=redis_url,
+            GEMMANET_MULTI_INSTANCE="1",
+            GEMMANET_KEY_PREFIX=f"lt{os.getpid()}x{instances}",
+        )
+    keys = harness.create_keys(profile.clients + profile.streams, prefix=f"lt{instances}")
+    request_keys, stream_keys = keys[: profile.clients], keys[profile.clients :]
+    node_ids = [f"lt-node-{i:04d}" for i in range(profile.nodes)]
+    tokens = harness.enroll_many(node_ids)
+    names = [f"I{i}" for i in range(instances)]
+    coords = {name: harness.coordinator(name, GEMMANET_INSTANCE_ID=name) for name in names}
+    if instances > 1:
+        wait_until(
+            lambda: all(c.status()["instances"] == instances for c in coords.values()),
+            f"{instances} instances to see each other",
+        )
+    urls = [coords[name].url for name in names]
+
+    # Node i starts on instance i % instances; the helpers take every h-th node.
+    helpers: list[Proc] = []
+    journals: list[Path] = []
+    count = min(profile.helper_processes, profile.nodes)
+    for h in range(count):
+        journal_path = harness.dir / f"journal-{h}.tsv"
+        journals.append(journal_path)
+        spec = {
+            "urls": urls,
+            "nodes": [
+                {"node_id": nid, "token": tokens[nid], "url_index": i % instances}
+                for i, nid in enumerate(node_ids)
+                if i % count == h
+            ],
+            "models": [MODEL],
+            "latency_ms": profile.latency_ms,
+            "chunk_delay_ms": profile.chunk_delay_ms,
+            "max_parallel": profile.max_parallel,
+            "journal": str(journal_path),
+            "seed": args.seed * 1000 + instances * 10 + h,
+            "failover": True,
+            "stagger_s": min(0.02, 2.0 / max(1, profile.nodes)),
+        }
+        spec_path = harness.dir / f"nodes-{h}.json"
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as stream:
+            json.dump(spec, stream)
+        helpers.append(
+            harness.spawn(
+                f"nodes-{h}", [sys.executable, "-m", "tools.loadtest.nodes", str(spec_path)]
             )
-        expected = {name: sum(1 for i in range(profile.nodes) if i % instances == n)
-                    for n, name in enumerate(names)}  # fmt: skip
+        )
+    expected = {
+        name: sum(1 for i in range(profile.nodes) if i % instances == n)
+        for n, name in enumerate(names)
+    }
 
-        def all_online() -> bool:
-            for proc in helpers:
-                proc.check_alive()
-            return all(
-                (c.status().get("diagnostics") or {}).get("local_nodes") == expected[name]
-                for name, c in coords.items()
-            )
-
-        wait_until(all_online, f"{profile.nodes} nodes online", timeout_s=30 + profile.nodes / 5)
-        _say(f"{instances} instance(s) up with {profile.nodes} nodes; load starts")
-
-        pids = {name: coords[name].proc.popen.pid for name in names}
+    def all_online() -> bool:
         for proc in helpers:
-            pids[proc.name] = proc.popen.pid
-        for proc in harness.procs:
-            if proc.name == "redis":
-                pids["redis"] = proc.popen.pid
-        pids["loadgen"] = os.getpid()
-        reader = JournalReader(journals)
-        load = Load(
-            profile,
-            urls,
-            request_keys,
-            stream_keys,
-            reader,
-            [coords[name].proc.popen.pid for name in names],
-            kill=instances > 1 and profile.fault_s > 0,
+            proc.check_alive()
+        return all(
+            (c.status().get("diagnostics") or {}).get("local_nodes") == expected[name]
+            for name, c in coords.items()
         )
 
-        def on_kill(victim: int, _t: float) -> None:
-            _say(f"killed instance {names[victim]} (kill -9)")
+    wait_until(all_online, f"{profile.nodes} nodes online", timeout_s=30 + profile.nodes / 5)
+    _say(f"{instances} instance(s) up with {profile.nodes} nodes; load starts")
 
-        with Sampler({k: v for k, v in pids.items()}) as sampler:
-            trio.run(load.run, on_kill)
-            alive = [name for i, name in enumerate(names) if i != load.killed]
-            settled = _settle(coords, alive)
-        _say(f"{instances} instance(s): load done, {len(load.records)} requests")
-        for proc in helpers:
-            harness.stop(proc)
-        reader.poll()
-        log_dir = out / "logs" / f"{instances}-instances"
-        _copy_logs(harness, log_dir)
-        extra = {
-            "after_load": settled,
-            "log_lines_with_error": harness.logs_with("ERROR"),
-            "log_lines_with_warning": harness.logs_with("WARNING"),
-            "logs": str(log_dir),
-            "nodes_per_instance_at_start": expected,
-        }
-        return analysis.phase_report(profile, instances, load, reader, sampler, names, extra)
+    pids = {name: coords[name].proc.popen.pid for name in names}
+    for proc in helpers:
+        pids[proc.name] = proc.popen.pid
+    for proc in harness.procs:
+        if proc.name == "redis":
+            pids["redis"] = proc.popen.pid
+    pids["loadgen"] = os.getpid()
+    reader = JournalReader(journals)
+    load = Load(
+        profile,
+        urls,
+        request_keys,
+        stream_keys,
+        reader,
+        [coords[name].proc.popen.pid for name in names],
+        kill=instances > 1 and profile.fault_s > 0,
+    )
+
+    def on_kill(victim: int, _t: float) -> None:
+        _say(f"killed instance {names[victim]} (kill -9)")
+
+    with Sampler({k: v for k, v in pids.items()}) as sampler:
+        trio.run(load.run, on_kill)
+        alive = [name for i, name in enumerate(names) if i != load.killed]
+        settled = _settle(coords, alive)
+    _say(f"{instances} instance(s): load done, {len(load.records)} requests")
+    for proc in helpers:
+        harness.stop(proc)
+    reader.poll()
+    log_dir = out / "logs" / f"{instances}-instances"
+    extra = {
+        "after_load": settled,
+        "log_lines_with_error": harness.logs_with("ERROR"),
+        "log_lines_with_warning": harness.logs_with("WARNING"),
+        "logs": str(log_dir),
+        "nodes_per_instance_at_start": expected,
+    }
+    return analysis.phase_report(profile, instances, load, reader, sampler, names, extra)
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -341,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
         report["plots_error"] = f"matplotlib is needed for the plots: {exc}"
         print(f"gemmanet loadtest: no plots: {report['plots_error']}", file=sys.stderr)
     (out / "report.json").write_text(
-        json.dumps(analysis._clean(report), indent=1, sort_keys=False, allow_nan=False) + "\n"
+        json.dumps(analysis.clean_json(report), indent=1, sort_keys=False, allow_nan=False) + "\n"
     )
     print_summary(report)
     return 0 if report["passed"] else 1

@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from tools.bench._harness import cpu_seconds, rss_bytes
 
@@ -38,7 +39,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="loadtest-sampler", daemon=True)
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -1,0 +1,81 @@
+"""``python -m tools.loadtest --smoke``: the load profile of seed 000 §4.1 at tiny scale, end to
+end (real coordinators, a real redis-server, real node agents, kill -9 of an instance). The
+smoke run may or may not meet every criterion on a busy machine; what must hold is that the
+report is complete, the plots are real PNGs, nothing was lost, and the exit code tells the
+truth."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.redis,
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CRITERIA = {
+    "zero_lost_tasks",
+    "hop_p95",
+    "hop_p99",
+    "cpu_per_instance",
+    "memory_flat",
+    "kill_fails_fast",
+    "kill_others_unaffected",
+    "answers_correct",
+    "errors_before_kill",
+    "load_generated",
+}
+
+
+def test_loadtest_smoke_writes_a_complete_truthful_report(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.loadtest", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+
+    # Every phase ran: the baseline, then 2 and 3 instances, each with a kill.
+    assert [p["instances"] for p in report["phases"]] == [1, 2, 3]
+    for phase in report["phases"]:
+        assert "error" not in phase, phase.get("error")
+        assert phase["totals"]["sent"] > 0
+        assert phase["requests"]["steady"]["latency_ms"]["p95_ms"] is not None
+    for phase in report["phases"][1:]:
+        assert phase["kill"]["instance"] in range(phase["instances"])
+
+    # Every criterion is there, with its threshold and verdict.
+    by_id = {c["id"]: c for c in report["criteria"]}
+    assert set(by_id) == CRITERIA
+    for criterion in by_id.values():
+        assert isinstance(criterion["pass"], bool)
+        assert criterion["threshold"]
+
+    # Zero lost tasks: every request got a result or an explicit error.
+    assert sum(sum(p["totals"]["lost"].values()) for p in report["phases"]) == 0
+    assert by_id["zero_lost_tasks"]["pass"] is True
+
+    # The plots exist and are PNGs.
+    assert report["plots"] == ["latency.png", "cpu.png", "rss.png"]
+    for name in report["plots"]:
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+
+    # The exit code is the verdict, and the summary names every criterion.
+    assert report["passed"] == all(c["pass"] for c in report["criteria"])
+    assert (done.returncode == 0) == report["passed"]
+    for cid in CRITERIA:
+        assert cid in done.stdout

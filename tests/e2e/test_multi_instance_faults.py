@@ -1,0 +1,418 @@
+"""Faults under real processes, real sockets and a real Redis: Redis dying and coming back while
+clients keep sending requests to two instances, the requesting instance dying while a node on
+the owner works for it, and a streaming client hanging up mid-stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from protocol import Assign, Cancel, Chunk, Result
+from tests.fixtures.processes import Coordinator, Processes, wait_until
+from tests.fixtures.raw_node import raw_node
+
+pytestmark = pytest.mark.e2e
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def shared(procs: Processes, redis_server) -> Processes:
+    """Processes sharing one private Redis (the test may stop and restart it)."""
+    procs.env.update(
+        GEMMANET_REDIS_URL=redis_server.url,
+        GEMMANET_MULTI_INSTANCE="1",
+        GEMMANET_KEY_PREFIX=f"fx{os.getpid()}",
+    )
+    procs.redis = redis_server  # type: ignore[attr-defined]
+    return procs
+
+
+def start_two(shared: Processes) -> tuple[Coordinator, Coordinator]:
+    a = shared.coordinator(GEMMANET_INSTANCE_ID="A")
+    b = shared.coordinator(GEMMANET_INSTANCE_ID="B")
+    wait_until(lambda: a.status()["instances"] == 2 and b.status()["instances"] == 2, "2 instances")
+    return a, b
+
+
+async def await_until(
+    predicate: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 10.0
+) -> Any:
+    """``wait_until`` for async tests: polls without blocking trio, so raw nodes keep beating."""
+    last: Exception | None = None
+    with trio.move_on_after(timeout_s):
+        while True:
+            try:
+                value = await predicate()
+                if value:
+                    return value
+            except Exception as exc:  # noqa: BLE001 - keep polling, report the last one
+                last = exc
+            await trio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
+async def get_json(coord: Coordinator, path: str, key: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(base_url=coord.url, timeout=5) as client:
+        response = await client.get(path, headers=headers)
+        response.raise_for_status()
+        return response.json()
+
+
+async def diagnostics(coord: Coordinator) -> dict[str, Any]:
+    return (await get_json(coord, "/api/v1/status"))["diagnostics"]  # type: ignore[no-any-return]
+
+
+async def node_in_flight(coord: Coordinator, node_id: str) -> int | None:
+    nodes = (await get_json(coord, "/api/v1/nodes", coord.probe_key))["nodes"]
+    return next((n["in_flight"] for n in nodes if n["node_id"] == node_id), None)
+
+
+def redis_subscribers(shared: Processes, channel: str) -> int:
+    """PUBSUB NUMSUB straight from the server, not through the code under test."""
+    prefix = shared.env["GEMMANET_KEY_PREFIX"]
+    reply = shared.redis.raw_command("PUBSUB", "NUMSUB", f"{prefix}:{channel}")  # type: ignore[attr-defined]
+    return int(reply.rsplit(b":", 1)[1].strip())
+
+
+# -- 1. Redis stopped and restarted under load --------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    target: str
+    started: float
+    finished: float
+    status: int | None  # None: no HTTP answer at all (client timeout or broken connection)
+    body: Any = None
+    retry_after: str | None = None
+    failure: str | None = None
+
+    @property
+    def took(self) -> float:
+        return self.finished - self.started
+
+
+RATE_HZ = 20.0
+CLIENT_TIMEOUT_S = 10.0
+
+
+@pytest.mark.redis
+async def test_redis_restart_under_load_answers_every_request_and_recovers(shared) -> None:
+    shared.env["GEMMANET_RATE_LIMIT"] = "100000/minute"
+    a, b = start_two(shared)
+    latency = ("--max-parallel", "32", "--latency-ms", "20-120")
+    shared.node(a, "n-a", extra=latency)
+    shared.node(b, "n-b", extra=latency)
+    wait_until(lambda: len(a.nodes()) == 2 and len(b.nodes()) == 2, "both nodes everywhere")
+    key = shared.create_key("load")
+    coords = {"A": a, "B": b}
+    outcomes: list[Outcome] = []
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=64)
+    clients = {
+        name: httpx.AsyncClient(base_url=c.url, timeout=CLIENT_TIMEOUT_S, limits=limits)
+        for name, c in coords.items()
+    }
+
+    async def one(i: int) -> None:
+        target = "AB"[i % 2]
+        started = time.monotonic()
+        try:
+            r = await clients[target].post(
+                "/api/v1/request",
+                json={"model": "echo", "prompt": f"p{i}"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        except httpx.HTTPError as exc:
+            outcomes.append(Outcome(target, started, time.monotonic(), None, failure=repr(exc)))
+            return
+        try:
+            body: Any = r.json()
+        except ValueError:
+            body = r.text
+        outcomes.append(
+            Outcome(
+                target, started, time.monotonic(), r.status_code, body, r.headers.get("Retry-After")
+            )
+        )
+
+    async def load(stop: trio.Event) -> None:
+        async with trio.open_nursery() as requests:
+            i = 0
+            next_at = trio.current_time()
+            while not stop.is_set():
+                requests.start_soon(one, i)
+                i += 1
+                next_at += 1 / RATE_HZ
+                await trio.sleep_until(next_at)
+
+    stop = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(load, stop)
+            await trio.sleep(1.5)
+            stopped_at = time.monotonic()
+            await trio.to_thread.run_sync(shared.redis.stop)
+            await trio.sleep(2.0)
+            await trio.to_thread.run_sync(shared.redis.start)
+            restarted_at = time.monotonic()
+            await trio.sleep(4.0)
+            load_ended_at = time.monotonic()
+            stop.set()
+    finally:
+        for client in clients.values():
+            await client.aclose()
+
+    outcomes.sort(key=lambda o: o.started)
+    summary = [
+        (o.target, round(o.started - stopped_at, 2), o.status, round(o.took, 2)) for o in outcomes
+    ]
+    assert len(outcomes) >= 0.8 * RATE_HZ * 7.5, summary
+
+    # Every request got an HTTP answer, none hung up to the client timeout.
+    no_answer = [o for o in outcomes if o.status is None]
+    print("DEBUG", json.dumps([a.status(), b.status(), a.nodes(), b.nodes()], indent=1))
+    print("DEBUG", [(o.target, round(o.started - stopped_at, 2), o.status, round(o.took, 2), o.body) for o in outcomes if o.status != 200])
+    assert not no_answer, (
+        [(o.target, o.started - stopped_at, o.failure) for o in no_answer],
+        a.status(),
+        b.status(),
+        a.nodes(),
+        b.nodes(),
+    )
+    assert max(o.took for o in outcomes) < CLIENT_TIMEOUT_S - 1, summary
+
+    # Every failure is a 502 or a 503 with the JSON error body; a 503 says when to retry.
+    for o in outcomes:
+        if o.status == 200:
+            assert o.body["output"] == o.body["output"].strip() and o.body["node_id"] in {
+                "n-a",
+                "n-b",
+            }
+            continue
+        assert o.status in (502, 503), (o.status, o.body)
+        assert isinstance(o.body, dict) and set(o.body) == {"error"}, o.body
+        assert isinstance(o.body["error"]["code"], str) and o.body["error"]["message"], o.body
+        if o.status == 503:
+            assert o.retry_after is not None and int(o.retry_after) >= 1, o
+
+    # Before the outage everything worked.
+    before = [o for o in outcomes if o.finished < stopped_at]
+    assert before and all(o.status == 200 for o in before), summary
+
+    # During the outage clients are told at once that coordination is unavailable.
+    during = [o for o in outcomes if stopped_at + 0.2 <= o.started < restarted_at - 0.2]
+    refused = [o for o in during if o.status == 503]
+    assert len(refused) >= len(during) // 2, summary
+    assert any(o.body["error"]["code"] == "coordination_unavailable" for o in refused), summary
+    slow = [o for o in outcomes if o.status == 503 and o.took >= 1.5]
+    assert not slow, [(o.target, o.started - stopped_at, o.took) for o in slow]
+
+    # Once Redis is back both instances serve again: the last second is all 200, on both.
+    tail = [o for o in outcomes if o.started >= load_ended_at - 1.0]
+    assert tail and all(o.status == 200 for o in tail), summary
+    assert {o.target for o in tail} == {"A", "B"}
+
+
+# -- 2. the requesting instance dies while the owner's node works for it -----------------------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("answer", ["chunk", "result", "silent"])
+async def test_requester_killed_leaves_nothing_behind_on_the_owner(shared, answer) -> None:
+    """B places a task on a node connected to A, then B is kill -9'd. Whatever the node does
+    next, A ends up forwarding nothing and the node's slot is free again:
+
+    * ``chunk``: the node streams on; A's PUBLISH of the chunk reaches nobody, so A forgets the
+      forward and sends the node a Cancel (``requester_gone``). A later Result is dropped.
+    * ``result``: the node answers; the PUBLISH reaches nobody and A forgets the forward (the
+      task is over, nothing to cancel).
+    * ``silent``: the node never answers; the forward expires (task timeout plus grace) and A
+      cancels the task on the node (``task_timeout``).
+    """
+    a, b = start_two(shared)
+    key = shared.create_key("client")
+    timeout_s = 1.0
+    async with raw_node(a.url, "worker", shared.enroll("worker")) as node:
+        await await_until(lambda: trio.to_thread.run_sync(b.has_node, "worker"), "B sees worker")
+        client_failures: list[BaseException] = []
+
+        async def client() -> None:
+            try:
+                async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+                    await http.post(
+                        "/api/v1/request",
+                        json={
+                            "model": "echo",
+                            "prompt": "orphan",
+                            "stream": answer == "chunk",
+                            "timeout_s": timeout_s,
+                        },
+                        headers={"Authorization": f"Bearer {key}"},
+                    )
+            except httpx.HTTPError as exc:
+                client_failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client)
+            assign = await node.receive()
+            assert isinstance(assign, Assign) and assign.prompt == "orphan"
+            assigned_at = time.monotonic()
+            assert (await diagnostics(a))["forwarded_in_flight"] == 1
+            assert await node_in_flight(a, "worker") == 1
+            os.kill(b.proc.pid, signal.SIGKILL)
+        # The client lost its connection with B; B's bus inbox is gone from Redis.
+        assert client_failures, "the client of the killed instance got an answer"
+        await await_until(lambda: _no_subscribers(shared, "inst:bus:B"), "B's inbox unsubscribed")
+        await trio.sleep(0.1)
+        assert (await diagnostics(a))["forwarded_in_flight"] == 1  # A does not know yet
+
+        if answer == "chunk":
+            await node.send(Chunk(task_id=assign.task_id, seq=0, delta="orph"))
+            cancel = await node.receive(timeout=3)
+            assert isinstance(cancel, Cancel), cancel
+            assert cancel.task_id == assign.task_id and cancel.reason == "requester_gone"
+            assert (await diagnostics(a))["forwarded_in_flight"] == 0
+            # The node finishes anyway: A drops that answer, it reaches nobody.
+            before = (await diagnostics(a))["dropped_answers"]["unknown_task"]
+            await node.send(Result(task_id=assign.task_id, output="orphan", chunks=1))
+            await await_until(
+                lambda: _dropped_unknown_above(a, before), "the late result dropped", 3
+            )
+        elif answer == "result":
+            await node.send(Result(task_id=assign.task_id, output="orphan"))
+            await await_until(
+                lambda: _forwarded_is(a, 0), "A forgets the forward after the answer", 3
+            )
+            # Nothing to cancel: the task is over on the node.
+            with trio.move_on_after(1.0) as quiet:
+                envelope = await node.receive(timeout=2)
+                pytest.fail(f"the node got {envelope!r} for a task it had finished")
+            assert quiet.cancelled_caught
+        else:
+            cancel = await node.receive(timeout=timeout_s + 10)
+            expired_after = time.monotonic() - assigned_at
+            assert isinstance(cancel, Cancel), cancel
+            assert cancel.task_id == assign.task_id and cancel.reason == "task_timeout"
+            # the task's timeout plus the 5 s forwarding grace, checked every 0.5 s beat
+            assert timeout_s + 4.5 <= expired_after <= timeout_s + 7.5, expired_after
+            assert (await diagnostics(a))["forwarded_in_flight"] == 0
+
+        # The node's slot is free again: A places a new task there and it is served.
+        await await_until(lambda: _in_flight_is(a, "worker", 0), "worker's slot freed", 3)
+        async with trio.open_nursery() as nursery:
+            responses: list[httpx.Response] = []
+
+            async def again() -> None:
+                async with httpx.AsyncClient(base_url=a.url, timeout=10) as http:
+                    responses.append(
+                        await http.post(
+                            "/api/v1/request",
+                            json={"model": "echo", "prompt": "next"},
+                            headers={"Authorization": f"Bearer {key}"},
+                        )
+                    )
+
+            nursery.start_soon(again)
+            assign2 = await node.receive()
+            assert isinstance(assign2, Assign) and assign2.prompt == "next"
+            await node.send(Result(task_id=assign2.task_id, output="next"))
+        assert responses[0].status_code == 200 and responses[0].json()["output"] == "next"
+        assert (await diagnostics(a))["forwarded_in_flight"] == 0
+
+
+async def _no_subscribers(shared: Processes, channel: str) -> bool:
+    return await trio.to_thread.run_sync(redis_subscribers, shared, channel) == 0
+
+
+async def _forwarded_is(coord: Coordinator, value: int) -> bool:
+    return (await diagnostics(coord))["forwarded_in_flight"] == value
+
+
+async def _in_flight_is(coord: Coordinator, node_id: str, value: int) -> bool:
+    return await node_in_flight(coord, node_id) == value
+
+
+async def _dropped_unknown_above(coord: Coordinator, before: int) -> bool:
+    return (await diagnostics(coord))["dropped_answers"]["unknown_task"] > before
+
+
+# -- 3. a streaming client hangs up mid-stream --------------------------------------------------
+
+
+async def test_stream_client_disconnect_mid_stream_cancels_on_the_node(procs) -> None:
+    coord = procs.coordinator()
+    key = procs.create_key("client")
+    async with (
+        raw_node(coord.url, "streamer", procs.enroll("streamer")) as node,
+        httpx.AsyncClient(base_url=coord.url, timeout=10) as http,
+    ):
+        async with trio.open_nursery() as nursery:
+            got_first = trio.Event()
+            events: list[dict[str, Any]] = []
+
+            async def client() -> None:
+                async with http.stream(
+                    "POST",
+                    "/api/v1/request",
+                    json={"model": "echo", "prompt": "one two three four", "stream": True},
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as response:
+                    assert response.status_code == 200
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            events.append(json.loads(line[6:]))
+                            got_first.set()
+                            return  # leaving the block closes the connection mid-stream
+
+            nursery.start_soon(client)
+            assign = await node.receive()
+            assert isinstance(assign, Assign) and assign.stream
+            await node.send(Chunk(task_id=assign.task_id, seq=0, delta="one "))
+            with trio.fail_after(5):
+                await got_first.wait()
+        assert events == [{"delta": "one "}]
+        # The client is gone: the node is told to stop, and the slot is freed.
+        cancel = await node.receive(timeout=5)
+        assert isinstance(cancel, Cancel) and cancel.task_id == assign.task_id, cancel
+        await await_until(
+            lambda: _status_in_flight_is(coord, 0), "in_flight back to 0", timeout_s=5
+        )
+        assert await node_in_flight(coord, "streamer") == 0
+        # Whatever the node still sends for it is dropped, and the node keeps serving.
+        await node.send(Chunk(task_id=assign.task_id, seq=1, delta="two "))
+        await node.send(Result(task_id=assign.task_id, output="one two", chunks=2))
+        async with trio.open_nursery() as nursery:
+            responses: list[httpx.Response] = []
+
+            async def again() -> None:
+                responses.append(
+                    await http.post(
+                        "/api/v1/request",
+                        json={"model": "echo", "prompt": "fresh"},
+                        headers={"Authorization": f"Bearer {key}"},
+                    )
+                )
+
+            nursery.start_soon(again)
+            assign2 = await node.receive()
+            assert isinstance(assign2, Assign) and assign2.prompt == "fresh"
+            await node.send(Result(task_id=assign2.task_id, output="fresh"))
+        assert responses[0].status_code == 200 and responses[0].json()["output"] == "fresh"
+    dropped = (await get_json(coord, "/api/v1/status"))["diagnostics"]["dropped_answers"]
+    assert sum(dropped.values()) >= 2, dropped
+
+
+async def _status_in_flight_is(coord: Coordinator, value: int) -> bool:
+    return (await get_json(coord, "/api/v1/status"))["in_flight"] == value
