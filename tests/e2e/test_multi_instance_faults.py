@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -119,7 +120,9 @@ async def test_redis_restart_under_load_answers_every_request_and_recovers(share
     key = shared.create_key("load")
     coords = {"A": a, "B": b}
     outcomes: list[Outcome] = []
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=64)
+    # A fresh connection per request: a keep-alive connection that carried an early error
+    # answer can hang (see test_early_error_answer_leaves_keep_alive_connection_usable).
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
     clients = {
         name: httpx.AsyncClient(base_url=c.url, timeout=CLIENT_TIMEOUT_S, limits=limits)
         for name, c in coords.items()
@@ -182,15 +185,7 @@ async def test_redis_restart_under_load_answers_every_request_and_recovers(share
 
     # Every request got an HTTP answer, none hung up to the client timeout.
     no_answer = [o for o in outcomes if o.status is None]
-    print("DEBUG", json.dumps([a.status(), b.status(), a.nodes(), b.nodes()], indent=1))
-    print("DEBUG", [(o.target, round(o.started - stopped_at, 2), o.status, round(o.took, 2), o.body) for o in outcomes if o.status != 200])
-    assert not no_answer, (
-        [(o.target, o.started - stopped_at, o.failure) for o in no_answer],
-        a.status(),
-        b.status(),
-        a.nodes(),
-        b.nodes(),
-    )
+    assert not no_answer, [(o.target, o.started - stopped_at, o.failure) for o in no_answer]
     assert max(o.took for o in outcomes) < CLIENT_TIMEOUT_S - 1, summary
 
     # Every failure is a 502 or a 503 with the JSON error body; a 503 says when to retry.
@@ -416,3 +411,89 @@ async def test_stream_client_disconnect_mid_stream_cancels_on_the_node(procs) ->
 
 async def _status_in_flight_is(coord: Coordinator, value: int) -> bool:
     return (await get_json(coord, "/api/v1/status"))["in_flight"] == value
+
+
+# -- 4. an error answered before the request body was read -------------------------------------
+
+
+def _read_response(sock: socket.socket) -> bytes | None:
+    """One whole HTTP response (headers plus Content-Length body); None when the server
+    closed the connection before sending anything."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None if not data else data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return data
+
+
+def _early_error_then_next_request(host: str, port: int, path: str) -> str | None:
+    """POST ``path`` with an unknown key, the body sent only after the 401 came back, then
+    one more request on the same connection. None when the connection stayed usable (or was
+    closed with ``Connection: close``); otherwise what went wrong."""
+    body = b'{"model": "echo", "prompt": "x", "score": 3}'
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer gnk_unknown\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, port), timeout=3) as sock:
+        sock.sendall(head)
+        sock.settimeout(2)
+        try:
+            first = _read_response(sock)  # answered before the body was sent (the bug's trigger)
+        except TimeoutError:
+            first = None  # a server that reads the body first waits for it: fine
+        sock.settimeout(1.5)
+        time.sleep(0.2)  # the server has finished that request by now
+        sock.sendall(body)
+        if first is None:
+            first = _read_response(sock)
+        assert first is not None and first.startswith(b"HTTP/1.1 401"), first
+        if b"connection: close" in first.lower():
+            return None  # the server closes the connection: the client opens a new one
+        sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        try:
+            second = _read_response(sock)
+        except TimeoutError:
+            return f"{path}: the next request on the keep-alive connection was never answered"
+        if second is None or not second.startswith(b"HTTP/1.1 200"):
+            return f"{path}: the next request got {second!r}"
+    return None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="coordinator bug: POST /api/v1/request and /rating answer 401/429/503 before reading "
+    "the request body; with Hypercorn 0.18 a body arriving after that answer wedges the "
+    "keep-alive connection and the next request on it is never answered",
+)
+def test_early_error_answer_leaves_keep_alive_connection_usable(procs) -> None:
+    """An HTTP/1.1 client (httpx's async client does this) sends the headers and the body of a
+    POST in separate writes; when the answer (here 401: unknown key) comes before the body,
+    the connection must still serve its next request, or be closed with ``Connection: close``.
+    Seen under load with keep-alive: ~5-20% of the requests following a 401/503 on the same
+    connection hung until the client's timeout."""
+    coord = procs.coordinator()
+    host, port = coord.url.removeprefix("http://").split(":")
+    paths = ["/api/v1/request", "/api/v1/tasks/t-1/rating"]
+    # warm up: the first request of a fresh process can be slow to answer
+    assert (
+        coord.http.post(paths[0], json={}, headers={"Authorization": "Bearer x"}).status_code == 401
+    )
+    problems = [_early_error_then_next_request(host, int(port), path) for path in paths]
+    assert not [p for p in problems if p], problems
