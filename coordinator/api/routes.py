@@ -53,8 +53,14 @@ async def authenticate() -> ApiKey:
     return api_key
 
 
-async def read_body(struct: type[S]) -> S:
-    data = await request.get_data(cache=False, as_text=False)
+async def read_raw_body() -> bytes:
+    """The whole request body. Read before any early error answer: Hypercorn cannot reuse a
+    keep-alive connection whose request body was left unread, and the client's next request
+    on it would hang (a 413 is the exception; it closes the connection)."""
+    return await request.get_data(cache=False, as_text=False)
+
+
+def decode_body(data: bytes, struct: type[S]) -> S:
     if not data:
         raise MalformedJson("request body is empty; expected a JSON object")
     try:
@@ -96,10 +102,11 @@ def register_routes(app: Quart) -> None:
     @document_response(ErrorResponse, 503)
     @document_response(ErrorResponse, 504)
     async def submit_request() -> Any:
+        data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
         await inst.check_rate_limit(api_key.key_id)
-        body = await read_body(TaskRequest)
+        body = decode_body(data, TaskRequest)
         if body.stream:
             return await _stream(inst, api_key, body)
         async with inst.open_task(
@@ -119,8 +126,9 @@ def register_routes(app: Quart) -> None:
     @document_response(ErrorResponse, 404)
     @document_response(ErrorResponse, 409)
     async def rate(task_id: str) -> Any:
+        data = await read_raw_body()
         api_key = await authenticate()
-        body = await read_body(RatingRequest)
+        body = decode_body(data, RatingRequest)
         try:
             await instance().rate_task(task_id, api_key.key_id, body.score)
         except TaskNotFound:

@@ -93,6 +93,7 @@ def redis_subscribers(shared: Processes, channel: str) -> int:
 @dataclass
 class Outcome:
     target: str
+    prompt: str
     started: float
     finished: float
     status: int | None  # None: no HTTP answer at all (client timeout or broken connection)
@@ -113,7 +114,7 @@ CLIENT_TIMEOUT_S = 10.0
 async def test_redis_restart_under_load_answers_every_request_and_recovers(shared) -> None:
     shared.env["GEMMANET_RATE_LIMIT"] = "100000/minute"
     a, b = start_two(shared)
-    latency = ("--max-parallel", "32", "--latency-ms", "20-120")
+    latency = ("--max-parallel", "32", "--latency-ms", "100-400")
     shared.node(a, "n-a", extra=latency)
     shared.node(b, "n-b", extra=latency)
     wait_until(lambda: len(a.nodes()) == 2 and len(b.nodes()) == 2, "both nodes everywhere")
@@ -129,16 +130,18 @@ async def test_redis_restart_under_load_answers_every_request_and_recovers(share
     }
 
     async def one(i: int) -> None:
-        target = "AB"[i % 2]
+        target, prompt = "AB"[i % 2], f"p{i}"
         started = time.monotonic()
         try:
             r = await clients[target].post(
                 "/api/v1/request",
-                json={"model": "echo", "prompt": f"p{i}"},
+                json={"model": "echo", "prompt": prompt},
                 headers={"Authorization": f"Bearer {key}"},
             )
         except httpx.HTTPError as exc:
-            outcomes.append(Outcome(target, started, time.monotonic(), None, failure=repr(exc)))
+            outcomes.append(
+                Outcome(target, prompt, started, time.monotonic(), None, failure=repr(exc))
+            )
             return
         try:
             body: Any = r.json()
@@ -146,7 +149,13 @@ async def test_redis_restart_under_load_answers_every_request_and_recovers(share
             body = r.text
         outcomes.append(
             Outcome(
-                target, started, time.monotonic(), r.status_code, body, r.headers.get("Retry-After")
+                target,
+                prompt,
+                started,
+                time.monotonic(),
+                r.status_code,
+                body,
+                r.headers.get("Retry-After"),
             )
         )
 
@@ -191,10 +200,7 @@ async def test_redis_restart_under_load_answers_every_request_and_recovers(share
     # Every failure is a 502 or a 503 with the JSON error body; a 503 says when to retry.
     for o in outcomes:
         if o.status == 200:
-            assert o.body["output"] == o.body["output"].strip() and o.body["node_id"] in {
-                "n-a",
-                "n-b",
-            }
+            assert o.body["output"] == o.prompt and o.body["node_id"] in {"n-a", "n-b"}, o
             continue
         assert o.status in (502, 503), (o.status, o.body)
         assert isinstance(o.body, dict) and set(o.body) == {"error"}, o.body
@@ -213,11 +219,21 @@ async def test_redis_restart_under_load_answers_every_request_and_recovers(share
     assert any(o.body["error"]["code"] == "coordination_unavailable" for o in refused), summary
     slow = [o for o in outcomes if o.status == 503 and o.took >= 1.5]
     assert not slow, [(o.target, o.started - stopped_at, o.took) for o in slow]
+    # Tasks caught crossing the bus when it went away end with 502 at once, not at a timeout.
+    slow = [o for o in outcomes if o.status == 502 and o.took >= 2.5]
+    assert not slow, [(o.target, o.started - stopped_at, o.took, o.body) for o in slow]
 
     # Once Redis is back both instances serve again: the last second is all 200, on both.
     tail = [o for o in outcomes if o.started >= load_ended_at - 1.0]
     assert tail and all(o.status == 200 for o in tail), summary
     assert {o.target for o in tail} == {"A", "B"}
+    # ... and each reaches the node of the other again (the registry was rebuilt in Redis).
+    recovered = {
+        (o.target, o.body["node_id"])
+        for o in outcomes
+        if o.status == 200 and o.started >= restarted_at + 2
+    }
+    assert {("A", "n-b"), ("B", "n-a")} <= recovered, recovered
 
 
 # -- 2. the requesting instance dies while the owner's node works for it -----------------------
@@ -296,12 +312,12 @@ async def test_requester_killed_leaves_nothing_behind_on_the_owner(shared, answe
                 pytest.fail(f"the node got {envelope!r} for a task it had finished")
             assert quiet.cancelled_caught
         else:
-            cancel = await node.receive(timeout=timeout_s + 10)
+            cancel = await node.receive(timeout=timeout_s + 12)
             expired_after = time.monotonic() - assigned_at
             assert isinstance(cancel, Cancel), cancel
             assert cancel.task_id == assign.task_id and cancel.reason == "task_timeout"
             # the task's timeout plus the 5 s forwarding grace, checked every 0.5 s beat
-            assert timeout_s + 4.5 <= expired_after <= timeout_s + 7.5, expired_after
+            assert timeout_s + 4.5 <= expired_after <= timeout_s + 9, expired_after
             assert (await diagnostics(a))["forwarded_in_flight"] == 0
 
         # The node's slot is free again: A places a new task there and it is served.
@@ -476,18 +492,12 @@ def _early_error_then_next_request(host: str, port: int, path: str) -> str | Non
     return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="coordinator bug: POST /api/v1/request and /rating answer 401/429/503 before reading "
-    "the request body; with Hypercorn 0.18 a body arriving after that answer wedges the "
-    "keep-alive connection and the next request on it is never answered",
-)
 def test_early_error_answer_leaves_keep_alive_connection_usable(procs) -> None:
     """An HTTP/1.1 client (httpx's async client does this) sends the headers and the body of a
     POST in separate writes; when the answer (here 401: unknown key) comes before the body,
     the connection must still serve its next request, or be closed with ``Connection: close``.
     Seen under load with keep-alive: ~5-20% of the requests following a 401/503 on the same
-    connection hung until the client's timeout."""
+    connection hung until the client's timeout, until the routes read the body first."""
     coord = procs.coordinator()
     host, port = coord.url.removeprefix("http://").split(":")
     paths = ["/api/v1/request", "/api/v1/tasks/t-1/rating"]

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class Rec:
     label: str = ""
     status: int = 0  # HTTP status, or the status inside a stream's error event
     chunks: int = 0
+    message: str = ""  # of an error
 
 
 def prompt_for(tag: str, words: int) -> str:
@@ -107,6 +109,8 @@ class Load:
         # have: one shared pool with hundreds of connections costs the load generator far more
         # CPU per request (it became the bottleneck of the single-instance phase).
         self._clients: dict[tuple[str, int], httpx.AsyncClient] = {}
+        # Only plain http to loopback, but every client would load the CA bundle anew.
+        self._tls = ssl.create_default_context()
         #: the first few error messages of each error label (for the report)
         self.messages: dict[str, list[str]] = {}
 
@@ -134,20 +138,22 @@ class Load:
                 headers={"Authorization": f"Bearer {key}"},
                 timeout=httpx.Timeout(self.profile.client_timeout_s, connect=5.0),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                verify=self._tls,
             )
         return client
 
-    def _note(self, label: str, message: str) -> None:
-        seen = self.messages.setdefault(label, [])
-        if len(seen) < 3 and message not in seen:
-            seen.append(message[:300])
+    def _note(self, rec: Rec, message: str) -> None:
+        rec.message = message[:300]
+        seen = self.messages.setdefault(rec.label, [])
+        if len(seen) < 3 and rec.message not in seen:
+            seen.append(rec.message)
 
     def _error_response(self, rec: Rec, response: httpx.Response) -> None:
         rec.outcome, rec.label = "error", error_label(response)
         try:
-            self._note(rec.label, str(response.json()["error"]["message"]))
+            self._note(rec, str(response.json()["error"]["message"]))
         except Exception:  # noqa: BLE001 - not our error shape: keep the start of the body
-            self._note(rec.label, response.text[:200])
+            self._note(rec, response.text[:200])
 
     def _transport_error(self, rec: Rec, exc: BaseException) -> None:
         rec.done = time.monotonic()
@@ -155,7 +161,7 @@ class Load:
             rec.outcome, rec.label = "error", "connection lost: instance killed (LB 502)"
         else:
             rec.outcome, rec.label = "lost", f"transport error {type(exc).__name__}"
-        self._note(rec.label, f"{type(exc).__name__}: {exc}")
+        self._note(rec, f"{type(exc).__name__}: {exc}")
 
     # -- one request --------------------------------------------------------------------------
 
@@ -238,7 +244,7 @@ class Load:
                                 rec.status = int(error.get("status", 0) or 0)
                                 rec.outcome = "error"
                                 rec.label = f"stream error {rec.status} {error.get('code', '?')}"
-                                self._note(rec.label, str(error.get("message", "")))
+                                self._note(rec, str(error.get("message", "")))
                                 return
                     rec.done = time.monotonic()
                     rec.outcome, rec.label = "lost", "stream ended without its final event"

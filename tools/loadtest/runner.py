@@ -104,11 +104,13 @@ def run_phase(
         try:
             return _phase(harness, profile, instances, args, out)
         finally:
-            # Stopped first, so that their logs are complete (Harness.close finds them gone).
-            for proc in reversed(harness.procs):
+            # Stopped first, so that their logs are complete (Harness.close finds them gone);
+            # Redis last, or the coordinators log its loss while they shut down.
+            procs = [p for p in reversed(harness.procs) if p.name != "redis"]
+            for proc in procs:
                 if proc.popen.poll() is None:
                     proc.popen.terminate()
-            for proc in reversed(harness.procs):
+            for proc in procs + [p for p in harness.procs if p.name == "redis"]:
                 harness.stop(proc, timeout_s=3.0)
             _copy_logs(harness, out / "logs" / f"{instances}-instances")
 
@@ -209,7 +211,7 @@ def _phase(
     def on_kill(victim: int, _t: float) -> None:
         _say(f"killed instance {names[victim]} (kill -9)")
 
-    with Sampler({k: v for k, v in pids.items()}) as sampler:
+    with Sampler(pids) as sampler:
         trio.run(load.run, on_kill)
         alive = [name for i, name in enumerate(names) if i != load.killed]
         settled = _settle(coords, alive)
