@@ -64,6 +64,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(host=args.host, port=args.port)
 
 
+def _loadtest(args: argparse.Namespace) -> int:
+    from tools.loadtest import run_loadtest
+
+    return run_loadtest(args)
+
+
 def _sim(args: argparse.Namespace) -> int:
     from sim.cli import main as sim_main
 
@@ -79,6 +85,7 @@ def _not_yet(what: str) -> Handler:
 
 def build_parser() -> argparse.ArgumentParser:
     from sim.cli import add_sim_arguments
+    from tools.loadtest import add_loadtest_arguments
     from tools.node_agent import add_node_arguments
 
     parser = argparse.ArgumentParser(
@@ -117,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8000)
     demo.set_defaults(handler=_demo)
 
+    loadtest = sub.add_parser("loadtest", help="the load profile of seed 000 section 4.1")
+    add_loadtest_arguments(loadtest)
+    loadtest.set_defaults(handler=_loadtest)
+
     sim = sub.add_parser("sim", help="deterministic simulator: run, replay, sweep")
     add_sim_arguments(sim)
     sim.set_defaults(handler=_sim)
@@ -124,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what, helptext in [
         ("audit", "the capacity audit", "capacity audit (seed 004)"),
         ("prove-takeover", "the monitor-takeover proof", "monitor-takeover proof (seed 004)"),
-        ("loadtest", "the load test", "load profile of seed 000 section 4.1"),
     ]:
         stub = sub.add_parser(name, help=helptext)
         stub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

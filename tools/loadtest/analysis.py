@@ -154,12 +154,14 @@ def kill_figures(load: Load, journal: JournalReader) -> dict[str, Any]:
     for rec in load.records:
         in_flight = rec.sent < kill_t and not (rec.done < kill_t)
         if not in_flight and not rec.sent >= kill_t:
+            continue  # answered before the kill
+        if rec.inst == k:
+            # Sent to the killed instance (the client side chose it before the kill, even if
+            # the bytes left just after): its connection drops.
+            requested_on_killed.append(rec)
             continue
         if not in_flight:
             others.append(rec)
-            continue
-        if rec.inst == k:
-            requested_on_killed.append(rec)
             continue
         where = journal.assigned.get(rec.tag)
         if where is not None and where.instance == k:
@@ -219,6 +221,15 @@ def kill_figures(load: Load, journal: JournalReader) -> dict[str, Any]:
             "count": len(others),
             "ok": len(others) - len(affected),
             "affected": dict(Counter(r.label for r in affected)),
+            # Sent to a survivor after the kill, placed on a node of the killed instance (whose
+            # death the survivor had not noticed yet), never started, then failed with 502.
+            "placed_on_killed_after_kill": sum(
+                1
+                for r in affected
+                if r.status == 502
+                and r.tag not in journal.assigned
+                and f"instance I{k} " in r.message
+            ),
             "affected_details": [_detail(r, kill_t, journal) for r in affected[:20]],
         },
         "nodes_moved": {

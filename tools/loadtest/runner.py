@@ -286,7 +286,14 @@ def print_summary(report: dict[str, Any]) -> None:
                 f"{inflight['count']} in-flight tasks on its nodes answered within "
                 f"{_fmt(inflight['time_to_answer']['max_s'], '.2f')} s {inflight['outcomes']}; "
                 f"{kill['requested_on_it']['count']} requests sent to it dropped; "
-                f"others {kill['others']['ok']}/{kill['others']['count']} ok; "
+                f"others {kill['others']['ok']}/{kill['others']['count']} ok"
+                + (
+                    f" ({kill['others']['placed_on_killed_after_kill']} failed: placed on its "
+                    "nodes after the kill)"
+                    if kill["others"].get("placed_on_killed_after_kill")
+                    else ""
+                )
+                + "; "
                 f"{kill['nodes_moved']['count']}/{kill['nodes_moved']['of']} nodes moved "
                 f"(max {_fmt(kill['nodes_moved']['max_s'], '.1f')} s)"
             )
