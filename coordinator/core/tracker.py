@@ -106,8 +106,10 @@ class TaskTracker:
         return verdict
 
     def forget(self, task_id: str) -> None:
-        """Undo ``open`` for a task that was never sent anywhere (placement failed)."""
+        """Undo ``open`` for a task that never reached any node (its placement failed), even
+        if it was closed meanwhile, so the same id can be placed again."""
         self._pending.pop(task_id, None)
+        self._finished.pop(task_id, None)
 
     def close(self, task_id: str) -> PendingTask | None:
         """The task ended (answered, failed, timed out or abandoned by its client)."""

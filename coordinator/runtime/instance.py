@@ -362,19 +362,13 @@ class Instance:
         assign = Assign(
             task_id=task_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout
         )
-        send, receive = trio.open_memory_channel[TaskEvent](math.inf)
-        self._waiting[task_id] = send
-        try:
-            view = await self._place(assign, deadline)
-        except BaseException:
-            self._waiting.pop(task_id, None)
-            raise
+        view, events = await self._place(assign, deadline)
         return TaskHandle(
             task_id=task_id,
             node_id=view.node_id,
             conn_id=view.conn_id,
             owner_instance=view.instance_id,
-            events=receive,
+            events=events,
             deadline=deadline,
             timeout_s=timeout,
             key_id=key_id,
@@ -383,11 +377,18 @@ class Instance:
             created_at=self._wall_clock(),
         )
 
-    async def _place(self, assign: Assign, deadline: float) -> NodeView:
+    async def _place(
+        self, assign: Assign, deadline: float
+    ) -> tuple[NodeView, trio.MemoryReceiveChannel[TaskEvent]]:
+        task_id = assign.task_id
         for _ in range(PLACEMENT_ATTEMPTS):
             view = choose_node(self.node_views(), assign.model, rng=self._rng)
+            # A fresh channel per attempt: what happened to an attempt that reached nobody
+            # (its owner declared dead meanwhile) must not reach the request.
+            send, receive = trio.open_memory_channel[TaskEvent](math.inf)
+            self._waiting[task_id] = send
             self.tracker.open(
-                assign.task_id,
+                task_id,
                 node_id=view.node_id,
                 conn_id=view.conn_id,
                 owner_instance=view.instance_id,
@@ -396,24 +397,24 @@ class Instance:
             if view.instance_id == self.instance_id:
                 conn = self.nodes.by_conn(view.conn_id)
                 assert conn is not None, "a local view always has its connection"
-                conn.tasks.add(assign.task_id)
+                conn.tasks.add(task_id)
                 self.send_to_node(conn.conn_id, assign)
-                return view
+                return view, receive
             assert self.cluster is not None
             try:
                 reached = await self.cluster.dispatch(view, assign)
-                # Failed while we were sending (its owner was declared dead, the bus was lost):
-                # the failure already waits for the handle, so do not place it again.
-                if reached or assign.task_id not in self.tracker:
-                    return view
-            except CoordinationUnavailable as exc:
-                self.tracker.forget(assign.task_id)
-                raise CoordinationDown(f"cannot reach the instance bus: {exc}") from None
-            except BaseException:
-                self.tracker.forget(assign.task_id)
+            except BaseException as exc:
+                self.tracker.forget(task_id)
+                self._waiting.pop(task_id, None)
+                if isinstance(exc, CoordinationUnavailable):
+                    raise CoordinationDown(f"cannot reach the instance bus: {exc}") from None
                 raise
-            # The owner instance is gone: forget it and place again.
-            self.tracker.forget(assign.task_id)
+            if reached:
+                # Delivered. If its owner was declared dead meanwhile, the 502 already waits.
+                return view, receive
+            # Nobody received it, so no node ever saw it: forget the attempt, place again.
+            self.tracker.forget(task_id)
+            self._waiting.pop(task_id, None)
         raise NodeDisconnected(f"the instances serving model {assign.model!r} went away")
 
     async def end_task(self, handle: TaskHandle, outcome: str) -> None:

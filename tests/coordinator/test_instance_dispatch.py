@@ -1,8 +1,10 @@
 """In-process scenarios of one real Instance in multi-instance mode, on trio's MockClock.
 
-Regression: a task whose owner was declared dead while the assign was being published was
-placed a second time with the same id (``ValueError: task id reused``), found by a simulator
-sweep. It must end with 502 instead."""
+Regression: a task whose owner was declared dead while the assign was being published (and
+reached nobody) was placed a second time with the same id and crashed the request
+(``ValueError: task id reused``), found by a simulator sweep. Then it ended with 502 although
+no node ever saw it (found by the load test after kill -9). Now it is placed again like any
+assign that reached nobody: on another node, or 503 when none is left."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import trio
 from coordinator.coordination.memory import MemoryCoordination
 from coordinator.core import registry
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
-from coordinator.errors import NodeDisconnected
+from coordinator.errors import NoNodeForModel
 from coordinator.runtime.bus import PubSubBus
 from coordinator.runtime.cluster import Cluster
 from coordinator.runtime.instance import Instance
@@ -23,53 +25,81 @@ from sim.stand_ins import SimStore
 
 
 class SweptWhileSending(PubSubBus):
-    """The owner sweeper runs while the assign is on the wire and fails the task; the
-    publish then finds nobody listening."""
+    """The owner sweeper runs while the assign to B is on the wire and fails the task; the
+    publish then finds nobody listening. C receives what it is sent."""
 
     def __init__(self, coordination: MemoryCoordination) -> None:
         super().__init__(coordination)
         self.instance: Instance | None = None
-        self.assigns = 0
+        self.assigns: list[str] = []
 
     async def send(self, instance_id: str, payload: bytes) -> int:
-        if b'"bus.assign"' in payload:
-            self.assigns += 1
-            assert self.instance is not None
-            await trio.sleep(0.01)
-            self.instance.fail_tasks_of_dead_owners({self.instance.instance_id})
-            return 0
-        return await super().send(instance_id, payload)
+        if b'"bus.assign"' not in payload:
+            return await super().send(instance_id, payload)
+        self.assigns.append(instance_id)
+        if instance_id == "C":
+            return 1
+        assert self.instance is not None
+        await trio.sleep(0.01)
+        self.instance.fail_tasks_of_dead_owners({self.instance.instance_id, "C"})
+        return 0
 
 
-async def announce_peer(coordination: MemoryCoordination) -> None:
+async def announce_peer(coordination: MemoryCoordination, instance_id: str, node_id: str) -> None:
     snapshot = InstanceSnapshot(
-        instance_id="B",
+        instance_id=instance_id,
         in_flight=0,
-        nodes=[NodeEntry(node_id="n1", conn_id="c-1", models=["m"], max_parallel=4, in_flight=0)],
+        nodes=[
+            NodeEntry(
+                node_id=node_id, conn_id=f"c-{node_id}", models=["m"], max_parallel=4, in_flight=0
+            )
+        ],
     )
-    await coordination.set(registry.alive_key("B"), b"B", ttl_s=60)
-    await coordination.set(registry.snapshot_key("B"), registry.encode_snapshot(snapshot), ttl_s=60)
+    await coordination.set(registry.alive_key(instance_id), instance_id.encode(), ttl_s=60)
+    await coordination.set(
+        registry.snapshot_key(instance_id), registry.encode_snapshot(snapshot), ttl_s=60
+    )
 
 
-async def test_task_failed_during_dispatch_is_not_placed_twice(autojump_clock) -> None:
+async def start_instance(
+    nursery: trio.Nursery, peers: dict[str, str]
+) -> tuple[Instance, SweptWhileSending]:
     coordination = MemoryCoordination(trio.current_time)
     settings = Settings(instance_id="A", multi_instance=True, redis_url="memory://")
     instance = Instance(settings, SimStore(), coordination, rng=random.Random(1))  # type: ignore[arg-type]
     bus = SweptWhileSending(coordination)
     bus.instance = instance
     instance.cluster = Cluster(instance, coordination, bus)
-    await announce_peer(coordination)
+    for peer, node in peers.items():
+        await announce_peer(coordination, peer, node)
+    await nursery.start(instance.run)
+    await trio.sleep(1.0)  # a beat: the peers' snapshots are known
+    return instance, bus
+
+
+async def test_task_failed_during_an_unreached_dispatch_is_placed_again(autojump_clock) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            await nursery.start(instance.run)
-            await trio.sleep(1.0)  # a beat: the peer's snapshot is known
-            assert [v.node_id for v in instance.node_views()] == ["n1"]
+            instance, bus = await start_instance(nursery, {"B": "n1", "C": "n2"})
+            assert sorted(v.node_id for v in instance.node_views()) == ["n1", "n2"]
+            # The rng tie-break picks B's node first for this seed; the retry goes to C.
             handle = await instance.start_task(
                 key_id="k", model="m", prompt="p", stream=False, timeout_s=10
             )
-            with pytest.raises(NodeDisconnected):
-                await handle.next_event()
-            await instance.end_task(handle, "node_disconnected")
-            assert bus.assigns == 1
-            assert len(instance.tracker) == 0
+            assert bus.assigns == ["B", "C"]
+            assert handle.owner_instance == "C" and handle.node_id == "n2"
+            assert handle.task_id in instance.tracker  # pending on C, not failed
+            await instance.end_task(handle, "client_gone")
+            nursery.cancel_scope.cancel()
+
+
+async def test_unreached_dispatch_with_no_other_node_is_503(autojump_clock) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            instance, bus = await start_instance(nursery, {"B": "n1"})
+            with pytest.raises(NoNodeForModel):  # the dead peer was the only one serving "m"
+                await instance.start_task(
+                    key_id="k", model="m", prompt="p", stream=False, timeout_s=10
+                )
+            assert bus.assigns == ["B"] and len(instance.tracker) == 0
             nursery.cancel_scope.cancel()
