@@ -33,7 +33,10 @@ from protocol import (
     BusNodeGone,
     BusReplace,
     BusResult,
+    Chunk,
+    Error,
     ProtocolError,
+    Result,
     TaskFailure,
     decode_bus,
     encode,
@@ -342,8 +345,6 @@ class Cluster:
         forward = self.forwarding.answerable(task_id, conn.conn_id)
         if forward is None:
             return True  # assigned to another connection: dropped and counted
-        from protocol import Chunk, Error, Result
-
         out: msgspec.Struct
         if isinstance(envelope, Chunk):
             out = BusChunk(
