@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from coordinator.errors import SettingsError
 from coordinator.runtime.cluster import StartupRefused
 from coordinator.settings import Settings
+from coordinator.store import StoreError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -156,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), 2)
     except StartupRefused as exc:
         return _fail(str(exc), 1)
+    except StoreError as exc:
+        return _fail(f"database: {exc}", 1)
     except KeyboardInterrupt:
         return 130
 

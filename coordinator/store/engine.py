@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Engine, make_url
 
-from .errors import StoreUnavailable
+from .errors import StoreError, StoreUnavailable
 from .schema import metadata
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,14 @@ def create_engine(url: URL, *, pool_size: int) -> Engine:
         kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
         if backend == "postgresql" and "connect_timeout" not in url.query:
             kwargs["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
-    engine = sa.create_engine(url, **kwargs)
+    try:
+        engine = sa.create_engine(url, **kwargs)
+    except ModuleNotFoundError as exc:
+        # Say what to install instead of a traceback (the CLI prints StoreError as one line).
+        raise StoreError(
+            f"the database driver for {backend} is not installed ({exc.name}); "
+            "for PostgreSQL: pip install 'gemmanet[postgres]'"
+        ) from None
     if backend == "sqlite":
         event.listen(engine, "connect", _sqlite_on_connect)
     return engine
