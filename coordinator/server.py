@@ -14,6 +14,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from coordinator.app import create_app, run_instance
 from coordinator.runtime.cluster import StartupRefused
 from coordinator.settings import Settings
+from coordinator.store import StoreError
 from protocol import MAX_ENVELOPE_BYTES
 
 
@@ -27,8 +28,10 @@ def hypercorn_config(host: str, port: int) -> Config:
     return config
 
 
-def _startup_refusal(exc: BaseException) -> StartupRefused | None:
-    if isinstance(exc, StartupRefused):
+def _startup_refusal(exc: BaseException) -> Exception | None:
+    """The reason the instance refused to start (a held lock, Redis or the database out of
+    reach), wherever it sits in the exception groups of the task tree."""
+    if isinstance(exc, StartupRefused | StoreError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
@@ -63,5 +66,6 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
         refusal = _startup_refusal(exc)
         if refusal is None:
             raise
-        raise StartupRefused(str(refusal)) from None
+        prefix = "database: " if isinstance(refusal, StoreError) else ""
+        raise StartupRefused(prefix + str(refusal)) from None
     return 0

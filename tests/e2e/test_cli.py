@@ -56,3 +56,12 @@ def test_app_runs_under_plain_hypercorn(procs: Processes) -> None:
     wait_until(lambda: httpx.get(f"{url}/healthz").json() == {"ok": True}, "hypercorn serving")
     assert httpx.get(f"{url}/api/v1/status").json()["instances"] == 1
     proc.terminate()
+
+
+def test_unreachable_database_is_one_clear_line(procs: Processes) -> None:
+    env = {**procs.env, "GEMMANET_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    for args in (["serve", "--port", str(free_port())], ["keys", "create", "--name", "x"]):
+        done = procs.cli(*args, env=env)
+        assert done.returncode == 1, args
+        assert done.stderr.startswith("gemmanet: database: cannot open the database"), done.stderr
+        assert "Traceback" not in done.stderr
