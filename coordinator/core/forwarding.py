@@ -56,6 +56,14 @@ class ForwardingTable:
         """Remove and return every entry of a connection that went away."""
         return self._remove_where(lambda f: f.conn_id == conn_id)
 
+    def requesters(self) -> set[str]:
+        """The instances waiting for forwarded answers."""
+        return {f.reply_to for f in self._entries.values()}
+
+    def of_requesters(self, instance_ids: set[str]) -> list[Forward]:
+        """Remove and return the entries requested by these (dead) instances."""
+        return self._remove_where(lambda f: f.reply_to in instance_ids)
+
     def expired(self, now: float) -> list[Forward]:
         return self._remove_where(lambda f: now >= f.expires_at)
 

@@ -309,23 +309,42 @@ class Cluster:
         self.outbox.send(owner_instance, BusCancel(task_id=task_id, reason=reason), give_up_in=5.0)
 
     async def _sweep(self) -> None:
-        """Requester side: fail tasks of dead owners. Owner side: drop expired forwards."""
+        """Both sides of cross-instance tasks, every beat. Requester side: tasks waiting on a
+        dead owner fail with 502. Owner side: tasks requested by a dead instance are cancelled
+        on their nodes (nobody will read the answer; the node's slot and compute are freed at
+        once rather than at the task's timeout), and expired forwards are dropped."""
         while True:
             await trio.sleep(self.settings.beat_s)
             for forward in self.forwarding.expired(self._clock()):
                 self.instance.cancel_on_node(forward.conn_id, forward.task_id, "task_timeout")
-            owners = sorted({t.owner_instance for t in self.instance.tracker.pending()} - {self.me})
-            if not owners:
+            owners = {t.owner_instance for t in self.instance.tracker.pending()} - {self.me}
+            requesters = self.forwarding.requesters() - {self.me}
+            peers = sorted(owners | requesters)
+            if not peers:
                 continue
             try:
-                alive = await self._alive_among(owners)
+                alive = await self._alive_among(peers)
             except CoordinationUnavailable:
                 continue  # the bus reader handles a lost Redis
-            dead = set(owners) - alive
-            if dead:
-                for instance_id in dead:
-                    self.forget_peer(instance_id)
+            dead = set(peers) - alive
+            if not dead:
+                continue
+            for instance_id in sorted(dead):
+                self.forget_peer(instance_id)
+            if owners & dead:
                 self.instance.fail_tasks_of_dead_owners(alive | {self.me})
+            for forward in self.forwarding.of_requesters(dead):
+                self.instance.cancel_on_node(forward.conn_id, forward.task_id, "requester_gone")
+                # A requester that was only frozen reads this when it resumes: 502, not 504.
+                self.outbox.send(
+                    forward.reply_to,
+                    BusNodeGone(
+                        task_id=forward.task_id,
+                        node_id=forward.node_id,
+                        conn_id=forward.conn_id,
+                        reason="the requesting instance was considered dead",
+                    ),
+                )
 
     async def _alive_among(self, instance_ids: list[str]) -> set[str]:
         values = await self.coordination.get_many([registry.alive_key(i) for i in instance_ids])
