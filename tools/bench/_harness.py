@@ -95,6 +95,13 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C / SIGTERM, also when trio delivered it inside one of its tasks (wrapped)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
+
+
 def install_signal_handlers() -> None:
     """Ctrl-C and SIGTERM both become KeyboardInterrupt (so the children get stopped), even
     when started from a shell that ignores SIGINT in background jobs."""

@@ -33,6 +33,7 @@ from tools.bench._harness import (
     fmt_ms,
     header_line,
     install_signal_handlers,
+    is_interrupt,
     now_text,
     summary_ms,
     write_json,
@@ -331,12 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"throughput benchmark failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; processes stopped", file=sys.stderr)
-        return 130
-    except BaseExceptionGroup as group:
-        # Ctrl-C delivered inside one of trio's tasks arrives wrapped.
-        if group.subgroup(KeyboardInterrupt) is None:
+    except BaseException as exc:
+        if not is_interrupt(exc):
             raise
         print("interrupted; processes stopped", file=sys.stderr)
         return 130

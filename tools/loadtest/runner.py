@@ -22,6 +22,7 @@ from tools.bench._harness import (
     Proc,
     cores,
     install_signal_handlers,
+    is_interrupt,
     now_text,
     wait_until,
 )
@@ -343,11 +344,8 @@ def run(args: argparse.Namespace) -> int:
             except BenchError as exc:
                 _say(f"phase with {instances} instance(s) failed: {exc}")
                 phases.append({"instances": instances, "error": str(exc)})
-    except KeyboardInterrupt:
-        print("gemmanet loadtest: interrupted; processes stopped", file=sys.stderr)
-        return 130
-    except BaseExceptionGroup as group:
-        if group.subgroup(KeyboardInterrupt) is None:
+    except BaseException as exc:
+        if not is_interrupt(exc):
             raise
         print("gemmanet loadtest: interrupted; processes stopped", file=sys.stderr)
         return 130
