@@ -22,23 +22,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
 @pytest.fixture
 def shared(procs: Processes, redis_server) -> Processes:
-    procs.env.update(
-        GEMMANET_REDIS_URL=redis_server.url,
-        GEMMANET_MULTI_INSTANCE="1",
-        GEMMANET_KEY_PREFIX=f"e2e{os.getpid()}",
-    )
-    procs.redis = redis_server  # type: ignore[attr-defined]
-    return procs
+    return procs.share_redis(redis_server, f"e2e{os.getpid()}")
 
 
 @pytest.fixture
 def two(shared: Processes) -> tuple[Coordinator, Coordinator]:
-    a, b = (
-        shared.coordinator(GEMMANET_INSTANCE_ID="A"),
-        shared.coordinator(GEMMANET_INSTANCE_ID="B"),
-    )
-    wait_until(lambda: a.status()["instances"] == 2 and b.status()["instances"] == 2, "2 instances")
-    return a, b
+    return shared.two_instances()
 
 
 def sees_node(coord: Coordinator, node_id: str) -> bool:

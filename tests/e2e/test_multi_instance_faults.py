@@ -30,20 +30,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def shared(procs: Processes, redis_server) -> Processes:
     """Processes sharing one private Redis (the test may stop and restart it)."""
-    procs.env.update(
-        GEMMANET_REDIS_URL=redis_server.url,
-        GEMMANET_MULTI_INSTANCE="1",
-        GEMMANET_KEY_PREFIX=f"fx{os.getpid()}",
-    )
-    procs.redis = redis_server  # type: ignore[attr-defined]
-    return procs
-
-
-def start_two(shared: Processes) -> tuple[Coordinator, Coordinator]:
-    a = shared.coordinator(GEMMANET_INSTANCE_ID="A")
-    b = shared.coordinator(GEMMANET_INSTANCE_ID="B")
-    wait_until(lambda: a.status()["instances"] == 2 and b.status()["instances"] == 2, "2 instances")
-    return a, b
+    return procs.share_redis(redis_server, f"fx{os.getpid()}")
 
 
 async def await_until(
@@ -113,7 +100,7 @@ CLIENT_TIMEOUT_S = 10.0
 @pytest.mark.redis
 async def test_redis_restart_under_load_answers_every_request_and_recovers(shared) -> None:
     shared.env["GEMMANET_RATE_LIMIT"] = "100000/minute"
-    a, b = start_two(shared)
+    a, b = shared.two_instances()
     latency = ("--max-parallel", "32", "--latency-ms", "100-400")
     shared.node(a, "n-a", extra=latency)
     shared.node(b, "n-b", extra=latency)
@@ -254,7 +241,7 @@ async def test_requester_killed_leaves_nothing_behind_on_the_owner(shared, answe
     * ``silent``: the node never answers; A's sweep cancels it (``requester_gone``) within
       about a second of B's death, far before the task timeout plus grace.
     """
-    a, b = start_two(shared)
+    a, b = shared.two_instances()
     key = shared.create_key("client")
     timeout_s = 1.0
     async with raw_node(a.url, "worker", shared.enroll("worker")) as node:

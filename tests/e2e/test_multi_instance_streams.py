@@ -11,7 +11,7 @@ import os
 import pytest
 
 from tests.e2e import test_multi_instance as pubsub
-from tests.fixtures.processes import Coordinator, Processes, wait_until
+from tests.fixtures.processes import Coordinator, Processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
@@ -19,26 +19,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 @pytest.fixture
 def shared(procs: Processes, redis_server) -> Processes:  # type: ignore[no-untyped-def]
     prefix = f"e2es{os.getpid()}"
-    procs.env.update(
-        GEMMANET_REDIS_URL=redis_server.url,
-        GEMMANET_MULTI_INSTANCE="1",
-        GEMMANET_KEY_PREFIX=prefix,
-        GEMMANET_BUS="streams",
-    )
-    procs.redis = redis_server  # type: ignore[attr-defined]
     procs.prefix = prefix  # type: ignore[attr-defined]
-    return procs
+    return procs.share_redis(redis_server, prefix, GEMMANET_BUS="streams")
 
 
 @pytest.fixture
 def two(shared: Processes) -> tuple[Coordinator, Coordinator]:
-    # as in test_multi_instance.py, but on this module's ``shared``
-    a, b = (
-        shared.coordinator(GEMMANET_INSTANCE_ID="A"),
-        shared.coordinator(GEMMANET_INSTANCE_ID="B"),
-    )
-    wait_until(lambda: a.status()["instances"] == 2 and b.status()["instances"] == 2, "2 instances")
-    return a, b
+    return shared.two_instances()
 
 
 def _redis_int(shared: Processes, *command: str) -> int:
