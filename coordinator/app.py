@@ -14,9 +14,8 @@ from coordinator.api.errors import install_error_handlers
 from coordinator.api.routes import register_routes
 from coordinator.coordination.factory import create_coordination
 from coordinator.runtime.bus import PubSubBus
-from coordinator.runtime.cluster import Cluster, hold_single_instance_lock
 from coordinator.runtime.instance import Instance
-from coordinator.runtime.node_socket import serve_node_socket
+from coordinator.runtime.single_instance_lock import hold_single_instance_lock
 from coordinator.settings import Settings
 from coordinator.store import Store
 
@@ -36,7 +35,7 @@ async def run_instance(
             clock=trio.current_time,
         )
         async with coordination, trio.open_nursery() as nursery:
-            instance = Instance(settings, store, coordination)
+            instance = Instance(settings, store, coordination, make_bus(settings, coordination))
             if settings.redis_url and not settings.multi_instance:
                 await nursery.start(
                     lambda task_status: hold_single_instance_lock(
@@ -46,21 +45,15 @@ async def run_instance(
                         task_status=task_status,
                     )
                 )
-            if settings.multi_instance:
-                instance.cluster = Cluster(instance, coordination, make_bus(settings, coordination))
-            try:
-                await nursery.start(instance.run)
-                log.info(
-                    "instance %s serving (coordination: %s%s)",
-                    settings.instance_id,
-                    coordination.kind,
-                    ", multi-instance" if settings.multi_instance else "",
-                )
-                task_status.started(instance)
-                await trio.sleep_forever()
-            finally:
-                if instance.cluster is not None:
-                    await instance.cluster.aclose()
+            await nursery.start(instance.run)
+            log.info(
+                "instance %s serving (coordination: %s%s)",
+                settings.instance_id,
+                coordination.kind,
+                ", multi-instance" if settings.multi_instance else "",
+            )
+            task_status.started(instance)
+            await trio.sleep_forever()
     finally:
         store.close()
 
@@ -96,7 +89,8 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:
-        await serve_node_socket(app.config["GEMMANET_INSTANCE"], websocket._get_current_object())
+        instance: Instance = app.config["GEMMANET_INSTANCE"]
+        await instance.serve_node(websocket._get_current_object())
 
     @app.before_serving
     async def start_instance() -> None:

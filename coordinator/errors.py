@@ -117,3 +117,8 @@ class TaskTimedOut(GemmaNetError):
 
 class SettingsError(Exception):
     """A configuration that cannot run; the CLI prints it as one line and exits non-zero."""
+
+
+class StartupRefused(Exception):
+    """This instance must not start (the single-instance lock is held elsewhere, Redis cannot
+    be reached at start, or the settings break a promised bound); one line, non-zero exit."""

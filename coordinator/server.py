@@ -12,7 +12,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
-from coordinator.runtime.cluster import StartupRefused
+from coordinator.errors import StartupRefused
 from coordinator.settings import Settings
 from coordinator.store import StoreError
 from protocol import MAX_ENVELOPE_BYTES

@@ -66,7 +66,7 @@ class Settings:
     heartbeat_interval_s: float = 2.0
     heartbeat_misses: int = 3
     max_body_bytes: int = 1024 * 1024
-    # Multi-instance timing (see coordinator/runtime/cluster.py): the instance heartbeat and
+    # Multi-instance timing (see coordinator/runtime/membership.py): the instance heartbeat and
     # its TTL bound failover; ownership keeps the seed's long TTL.
     beat_s: float = 0.5
     alive_ttl_s: float = 2.0

@@ -186,4 +186,18 @@ class BusCancel(_Envelope, tag="bus.cancel", frozen=True, kw_only=True):
     reason: str = ""
 
 
-BusEnvelope: TypeAlias = BusAssign | BusChunk | BusResult | BusNodeGone | BusReplace | BusCancel
+class BusRefused(_Envelope, tag="bus.refused", frozen=True, kw_only=True):
+    """owner -> requester: the assign was not started (``code`` ``all_nodes_busy``: the node is
+    full; ``node_disconnected``: the connection is no longer here). No node saw the task, so
+    the requester places it again elsewhere."""
+
+    task_id: Identifier
+    node_id: Identifier
+    conn_id: Identifier
+    code: ErrorCode
+    message: str = ""
+
+
+BusEnvelope: TypeAlias = (
+    BusAssign | BusChunk | BusResult | BusNodeGone | BusRefused | BusReplace | BusCancel
+)

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from unittest import mock
 
+from coordinator.core.forwarding import ForwardingTable
 from coordinator.core.tracker import TaskTracker, Verdict
-from coordinator.runtime.cluster import Cluster
+from coordinator.runtime.membership import Membership
 
 
 @contextmanager
 def _owner_sweeper_off() -> Iterator[None]:
-    async def everyone_alive(self: Cluster, instance_ids: list[str]) -> set[str]:
-        return set(instance_ids)
+    async def nobody_dead(self: Membership, instance_ids: list[str]) -> set[str]:
+        return set()
 
-    with mock.patch.object(Cluster, "_alive_among", everyone_alive):
+    with mock.patch.object(Membership, "dead_among", nobody_dead):
         yield
 
 
@@ -32,7 +34,18 @@ def _connection_check_off() -> Iterator[None]:
             return Verdict.ACCEPTED, task
         return original(self, task_id, source_conn)
 
-    with mock.patch.object(TaskTracker, "_check", any_source):
+    def any_conn(self: ForwardingTable, task_id: str, conn_id: str):  # type: ignore[no-untyped-def]
+        forward = self.get(task_id)
+        if forward is not None:
+            return Verdict.ACCEPTED, replace(forward, conn_id=conn_id)
+        return original_forward(self, task_id, conn_id)
+
+    # Both gates: the owner's (forwarding table) and the requester's (tracker).
+    original_forward = ForwardingTable.check
+    with (
+        mock.patch.object(TaskTracker, "_check", any_source),
+        mock.patch.object(ForwardingTable, "check", any_conn),
+    ):
         yield
 
 

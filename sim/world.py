@@ -12,11 +12,9 @@ import trio
 import trio.testing
 
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
-from coordinator.errors import GemmaNetError
+from coordinator.errors import GemmaNetError, StartupRefused
 from coordinator.runtime.bus import PubSubBus
-from coordinator.runtime.cluster import Cluster, StartupRefused
 from coordinator.runtime.instance import Instance
-from coordinator.runtime.node_socket import serve_node_socket
 from coordinator.settings import Settings
 from sim import mutations
 from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
@@ -197,16 +195,16 @@ class World:
         coordination = FaultyCoordination(
             MemoryCoordination(trio.current_time, state=self.state), gate, self.store_state
         )
+        bus = FaultyBus(PubSubBus(coordination), self.rng["bus"], self.root, self.chaos)
         instance = Instance(
             settings,
             self.store,  # type: ignore[arg-type]
             coordination,
+            bus,
             clock=trio.current_time,
             wall_clock=trio.current_time,
             rng=random.Random(f"{self.seed}:instance:{name}"),
         )
-        bus = FaultyBus(PubSubBus(coordination), self.rng["bus"], self.root, self.chaos)
-        instance.cluster = Cluster(instance, coordination, bus)
         sim = SimInstance(name, instance, gate)
         self.instances[name] = sim
 
@@ -235,7 +233,7 @@ class World:
 
         async def serve() -> None:
             with side.handler_scope:
-                await serve_node_socket(sim.instance, side)
+                await sim.instance.serve_node(side)
 
         sim.nursery.start_soon(serve)
         return name

@@ -1,8 +1,22 @@
-"""One coordinator instance: its node connections, its pending tasks, and their supervision.
+"""One coordinator instance: the trio driver of the cluster machine (``core/instance_machine``).
 
-Local nodes are served directly from the NodeTable (no Redis on that path); nodes on other
-instances are reached through the Cluster (multi-instance mode only). Every answer, local or
-from the bus, is checked by the TaskTracker before it reaches the waiting request.
+The machine decides; this module carries out its effects (node sockets, the bus, the shared
+store) and feeds it events (node envelopes, bus envelopes, ticks, liveness verdicts, requests
+beginning and ending). A single instance runs exactly the same code with no peers.
+
+The task tree of one instance::
+
+    Instance.run                         the instance nursery
+    ├── TaskRecorder.run                 batched task records
+    ├── _read_bus                        this instance's inbox -> machine.bus_envelope
+    ├── BusOutbox.run                    ordered sender lanes -> peers' inboxes
+    ├── Membership.run                   presence heartbeat, peers' snapshots
+    ├── _check_ownership                 our nodes' owner records, every beat
+    ├── _sweep                           ticks: deadlines, silent nodes, dead peers
+    ├── _refresh_ratings                 node ratings from the store
+    └── serve_node (one per node)        a node WebSocket; stopping the instance closes it
+
+Stopping the instance cancels the whole tree, node sockets included.
 """
 
 from __future__ import annotations
@@ -11,73 +25,50 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
 
-import msgspec
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.core import registry
+from coordinator.core.effects import (
+    CloseNode,
+    Deliver,
+    Dispatch,
+    Effect,
+    FailedEvent,
+    NodesChanged,
+    Publish,
+    ReleaseOwnership,
+    SendToNode,
+    TaskEvent,
+)
+from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.core.placement import NodeView, choose_node
-from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.errors import (
-    AllNodesBusy,
     CoordinationDown,
     GemmaNetError,
     NodeDisconnected,
-    NodeFailed,
     RateLimited,
-    TaskTimedOut,
+    StartupRefused,
 )
+from coordinator.runtime.bus import Bus
+from coordinator.runtime.bus_outbox import BusOutbox
+from coordinator.runtime.membership import Membership
 from coordinator.runtime.node_link import NodeLink
-from coordinator.runtime.task_handle import (
-    ChunkEvent,
-    DoneEvent,
-    FailedEvent,
-    TaskEvent,
-    TaskHandle,
-)
+from coordinator.runtime.node_socket import NodeSocket, serve_node_socket
+from coordinator.runtime.ownership import Ownership
+from coordinator.runtime.task_handle import TaskHandle
 from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
 from coordinator.store import Store, TaskNotFound, TaskRecord
-from protocol import (
-    Assign,
-    BusNodeGone,
-    BusResult,
-    Cancel,
-    Chunk,
-    Error,
-    Heartbeat,
-    Hello,
-    Result,
-)
-
-if TYPE_CHECKING:
-    from coordinator.runtime.cluster import Cluster
+from protocol import Assign, BusReplace, Error, Hello, ProtocolError, decode_bus, encode
 
 log = logging.getLogger("gemmanet.instance")
 
-CLOSE_REPLACED = 4000
-# A node silent past its heartbeat deadline (an extension of INTERFACE.md's 4000-4002; the agent
-# reconnects on it like on any other loss).
-CLOSE_HEARTBEAT_TIMEOUT = 4003
-# Node-reported errors that mean "not now" rather than "this task is broken".
-_BUSY_CODES = {"node_busy", "node_draining", "all_nodes_busy"}
 RATINGS_REFRESH_S = 15.0
-# How often a request re-places its task when the instance it chose turned out to be gone.
-PLACEMENT_ATTEMPTS = 3
-
-
-def failure_error(node_id: str, code: str, message: str) -> GemmaNetError:
-    """The client-facing error for a task failure a node (or its owner instance) reported."""
-    if code in _BUSY_CODES:
-        return AllNodesBusy(f"node {node_id} refused the task: {message}", retry_after_s=1)
-    if code == "node_disconnected":
-        return NodeDisconnected(message)
-    return NodeFailed(f"node {node_id} failed the task ({code}): {message}")
+REPLACE_GIVE_UP_S = 5.0
 
 
 class Instance:
@@ -86,6 +77,7 @@ class Instance:
         settings: Settings,
         store: Store,
         coordination: Coordination,
+        bus: Bus,
         *,
         clock: Callable[[], float] = trio.current_time,
         wall_clock: Callable[[], float] = time.time,
@@ -95,85 +87,235 @@ class Instance:
         self.instance_id = settings.instance_id
         self.store = store
         self.coordination = coordination
-        self.cluster: Cluster | None = None
-        self.nodes = NodeTable()
-        self.tracker = TaskTracker()
-        self.ratings: dict[str, tuple[float, int]] = {}
+        self.bus = bus
         self.clock = clock
         self._wall_clock = wall_clock
-        self._rng = rng or random.Random()
-        self._ids = random.Random(self._rng.getrandbits(64)) if rng else random.SystemRandom()
+        # Ids come from the seeded generator in the simulator, from the OS otherwise.
+        self._ids = random.Random(rng.getrandbits(64)) if rng else random.SystemRandom()
+        self.machine = InstanceMachine(
+            self.instance_id, forward_grace_s=settings.forward_grace_s, rng=rng or random.Random()
+        )
+        self.recorder = TaskRecorder(store)
+        self.outbox = BusOutbox(bus, clock)
+        self.membership = Membership(
+            coordination, bus, settings, snapshot=self.machine.snapshot, clock=clock
+        )
+        self.membership.on_presence_lapsed = self._after_presence_lapsed
+        self.membership.on_peers = self.machine.set_peers
+        self.ownership = Ownership(coordination, self.instance_id, ttl_s=settings.owner_ttl_s)
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
-        self.recorder = TaskRecorder(store)
+        self.liveness_lost = 0
+        self.bus_losses = 0
+
+    @property
+    def nodes(self) -> NodeTable:
+        return self.machine.owner.nodes
 
     # -- supervision ------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(self.recorder.run)
-            if self.cluster is not None:
-                await nursery.start(self.cluster.run)
-            nursery.start_soon(self._drop_silent_nodes)
-            nursery.start_soon(self._refresh_ratings)
-            nursery.start_soon(self._sweep_expired_tasks)
-            task_status.started()
-
-    async def _drop_silent_nodes(self) -> None:
-        interval = self.settings.heartbeat_interval_s
-        deadline = interval * self.settings.heartbeat_misses
-        last_tick = self.clock()
-        while True:
-            await trio.sleep(interval)
-            now = self.clock()
-            overslept = now - last_tick > 2 * interval
-            last_tick = now
-            if overslept:
-                # This process was frozen (SIGSTOP, swapping, a debugger): the nodes' heartbeats
-                # are still waiting in the sockets. Read them before judging anybody silent.
-                continue
-            for conn in self.nodes.silent(now, deadline):
-                log.warning("node %s silent for over %.1f s; dropping it", conn.node_id, deadline)
-                self._close_link(conn.conn_id, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
-                # Fail its tasks now: the socket may take a while to notice it is dead.
-                self.detach_node(conn, "stopped sending heartbeats")
-
-    async def _refresh_ratings(self) -> None:
-        while True:
-            try:
-                self.ratings = await self.store.node_ratings()
-            except Exception:
-                log.exception("could not refresh node ratings")
-            await trio.sleep(RATINGS_REFRESH_S)
-
-    async def _sweep_expired_tasks(self) -> None:
-        """Safety net for handles nobody ended (a client that vanished before its stream
-        began): past its deadline a task fails, and its node is told to stop."""
-        while True:
-            await trio.sleep(1.0)
-            for task in self.tracker.expired(self.clock()):
-                self._deliver(
-                    task.task_id, FailedEvent(TaskTimedOut(f"task {task.task_id} timed out"))
-                )
-                self._waiting.pop(task.task_id, None)
-                self._cancel(task.owner_instance, task.conn_id, task.task_id, "task_timeout")
+        try:
+            await self.coordination.ping()
+        except CoordinationUnavailable as exc:
+            raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.recorder.run)
+                # Listen before announcing ourselves: an assign sent the moment we appear
+                # alive must find our inbox open.
+                await nursery.start(self._read_bus)
+                await nursery.start(self.outbox.run)
+                await nursery.start(self.membership.run)
+                nursery.start_soon(self._check_ownership)
+                nursery.start_soon(self._sweep)
+                nursery.start_soon(self._refresh_ratings)
+                task_status.started()
+        finally:
+            await self.membership.leave()
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{self._ids.getrandbits(96):024x}"
 
-    def _spawn(self, fn: Callable[..., object], *args: object) -> None:
+    def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Background work that may be skipped when the instance is shutting down (what it
         would tidy up in Redis expires with its TTL anyway)."""
         if self._nursery is None:
             return
         try:
-            self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+            self._nursery.start_soon(fn, *args)
         except RuntimeError:  # the nursery is closed: we are shutting down
             pass
 
+    async def _sweep(self) -> None:
+        """Every beat: deadlines, silent nodes, and the liveness of the peers we depend on."""
+        beat = self.settings.beat_s
+        heartbeat = self.settings.heartbeat_interval_s
+        silence_deadline = heartbeat * self.settings.heartbeat_misses
+        last_tick = self.clock()
+        judge_silence_from = last_tick
+        while True:
+            await trio.sleep(beat)
+            now = self.clock()
+            if now - last_tick > 2 * max(beat, heartbeat):
+                # This process was frozen (SIGSTOP, swapping, a debugger): the nodes'
+                # heartbeats are still waiting in the sockets. Read them before judging.
+                judge_silence_from = now + heartbeat
+            last_tick = now
+            silence = silence_deadline if now >= judge_silence_from else None
+            self._apply(self.machine.tick(now, silence_deadline_s=silence))
+            peers = self.machine.peers_of_interest()
+            if not peers:
+                continue
+            try:
+                dead = await self.membership.dead_among(peers)
+            except CoordinationUnavailable:
+                continue  # cannot tell; the bus reader handles a lost Redis
+            if dead:
+                self.peers_died(dead)
+
+    def peers_died(self, dead: set[str]) -> None:
+        """Judged dead: tasks waiting on them end with 502, tasks run for them stop."""
+        self._apply(self.machine.peers_dead(dead, self.clock()))
+
+    async def _refresh_ratings(self) -> None:
+        while True:
+            try:
+                self.machine.set_ratings(await self.store.node_ratings())
+            except Exception:
+                log.exception("could not refresh node ratings")
+            await trio.sleep(RATINGS_REFRESH_S)
+
+    async def _after_presence_lapsed(self) -> None:
+        """Our presence had expired (a freeze, a Redis outage): peers may have declared us
+        dead and failed what they asked of us, and our nodes may have reconnected elsewhere."""
+        dropped = self.machine.owner.forwarding.remote_count(self.instance_id)
+        self._apply(self.machine.presence_lapsed(self.clock()))
+        if dropped or len(self.nodes):
+            self.liveness_lost += 1
+            log.warning(
+                "instance %s was considered dead; dropped %d forwarded task(s), re-checking "
+                "ownership of %d node(s)",
+                self.instance_id,
+                dropped,
+                len(self.nodes),
+            )
+        for conn in self.nodes.connections():
+            if not await self.ownership.confirm(conn):
+                log.warning("node %s is owned elsewhere now; closing ours", conn.node_id)
+                self._apply(self.machine.node_replaced(conn.conn_id, conn.node_id, self.clock()))
+
+    async def _check_ownership(self) -> None:
+        refresh_every = self.settings.owner_ttl_s / 3
+        last_refresh = self.clock()
+        while True:
+            await trio.sleep(self.settings.beat_s)
+            try:
+                for conn in await self.ownership.owned_elsewhere(self.nodes.connections()):
+                    self._apply(
+                        self.machine.node_replaced(conn.conn_id, conn.node_id, self.clock())
+                    )
+                if self.clock() - last_refresh >= refresh_every:
+                    last_refresh = self.clock()
+                    for conn in self.nodes.connections():
+                        if not await self.ownership.confirm(conn):
+                            now = self.clock()
+                            self._apply(self.machine.node_replaced(conn.conn_id, conn.node_id, now))
+            except CoordinationUnavailable as exc:
+                log.warning("could not check node ownership: %s", exc)
+
+    # -- effects ----------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        """Carry out the machine's effects in order. Dispatches run in the background."""
+        for effect in effects:
+            if isinstance(effect, Deliver):
+                channel = self._waiting.get(effect.task_id)
+                if channel is not None:
+                    channel.send_nowait(effect.event)
+            elif isinstance(effect, SendToNode):
+                link = self._links.get(effect.conn_id)
+                if link is not None:
+                    link.send_nowait(effect.envelope)
+            elif isinstance(effect, Publish):
+                self._publish(effect)
+            elif isinstance(effect, Dispatch):
+                self._spawn(self._dispatch_in_background, effect)
+            elif isinstance(effect, CloseNode):
+                link = self._links.get(effect.conn_id)
+                if link is not None:
+                    link.request_close(effect.code, effect.reason)
+            elif isinstance(effect, NodesChanged):
+                self.membership.snapshot_changed()
+            elif isinstance(effect, ReleaseOwnership):
+                self._spawn(self.ownership.release, effect.node_id, effect.conn_id)
+
+    def _publish(self, effect: Publish) -> None:
+        on_unreached = None
+        task_id = effect.unreached_task
+        if task_id is not None:
+
+            def on_unreached() -> None:
+                self._apply(self.machine.answer_unreached(task_id, self.clock()))
+
+        self.outbox.send(
+            effect.target, effect.envelope, give_up_at=effect.give_up_at, on_unreached=on_unreached
+        )
+
+    async def _dispatch(self, effect: Dispatch) -> list[Effect]:
+        """Hand an assign to its owner; the machine hears whether anybody received it."""
+        task_id, placement = effect.envelope.task_id, effect.placement
+        try:
+            reached = await self.bus.send(effect.target, encode(effect.envelope))
+        except CoordinationUnavailable as exc:
+            error = CoordinationDown(f"cannot reach the instance bus: {exc}")
+            return self.machine.dispatch_failed(
+                task_id, placement, effect.target, error, self.clock()
+            )
+        if reached:
+            return self.machine.dispatched(task_id, placement, self.clock())
+        self.membership.forget_peer(effect.target)
+        return self.machine.unreached(task_id, placement, effect.target, self.clock())
+
+    async def _dispatch_in_background(self, effect: Dispatch) -> None:
+        await self._carry_out(await self._dispatch(effect))
+
+    async def _carry_out(self, effects: list[Effect]) -> None:
+        """Apply effects, awaiting dispatches in place (a request being placed waits for its
+        own assign to reach its owner, and for any placement that follows)."""
+        while effects:
+            dispatches = [e for e in effects if isinstance(e, Dispatch)]
+            self._apply([e for e in effects if not isinstance(e, Dispatch)])
+            effects = []
+            for dispatch in dispatches:
+                effects += await self._dispatch(dispatch)
+
     # -- node side --------------------------------------------------------------------------
+
+    async def serve_node(self, socket: NodeSocket) -> None:
+        """Serve a node WebSocket as a task of the instance nursery (stopping the instance
+        closes it); returns when the socket is done."""
+        assert self._nursery is not None, "the instance is not running"
+        done = trio.Event()
+
+        async def serve(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                try:
+                    await serve_node_socket(self, socket)
+                finally:
+                    done.set()
+
+        scope = await self._nursery.start(serve)
+        try:
+            await done.wait()
+        finally:
+            if not done.is_set():  # our caller was cancelled: the socket goes with it
+                scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await done.wait()
 
     async def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection:
         """Register an authenticated connection; an older one of the same identity (here or on
@@ -190,152 +332,68 @@ class Instance:
             connected_at=self._wall_clock(),
             last_seen=now,
         )
-        replaced = self.nodes.register(conn)
         self._links[conn.conn_id] = link
-        if replaced is not None:
-            log.info("node %s reconnected; closing its previous connection", hello.node_id)
-            self._close_link(
-                replaced.conn_id,
-                CLOSE_REPLACED,
-                f"replaced by a newer connection of node {hello.node_id}",
+        self._apply(self.machine.node_connected(conn, now))
+        try:
+            previous = await self.ownership.claim(conn)
+        except BaseException:
+            self.detach_node(conn, "could not be registered")
+            raise
+        if previous is not None and previous[0] != self.instance_id:
+            old_instance, old_conn = previous
+            replace = BusReplace(
+                node_id=conn.node_id, conn_id=old_conn, new_instance=self.instance_id
             )
-            self._forget_connection(replaced, "was replaced by a newer connection")
-        if self.cluster is not None:
-            try:
-                await self.cluster.claim(conn)
-            except BaseException:
-                self.detach_node(conn, "could not be registered")
-                raise
+            self.outbox.send(old_instance, replace, give_up_in=REPLACE_GIVE_UP_S)
+        self.membership.snapshot_changed()
         return conn
 
     def detach_node(self, conn: NodeConnection, why: str = "disconnected") -> None:
-        """The connection is gone: forget it and fail its pending tasks at once (502)."""
-        if self.nodes.by_conn(conn.conn_id) is None and conn.conn_id not in self._links:
-            return
-        self.nodes.unregister(conn.conn_id)
-        self._forget_connection(conn, why)
-        if self.cluster is not None:
-            self._spawn(self.cluster.release, conn)
-
-    def replace_connection(self, conn_id: str, node_id: str) -> None:
-        """A newer connection of the node exists on another instance: close ours with 4000."""
-        conn = self.nodes.by_conn(conn_id)
-        self._close_link(
-            conn_id, CLOSE_REPLACED, f"replaced by a newer connection of node {node_id}"
-        )
-        if conn is not None:
-            self.nodes.unregister(conn_id)
-            self._forget_connection(conn, "was replaced by a newer connection")
-
-    def _forget_connection(self, conn: NodeConnection, why: str) -> None:
+        """The connection is gone: its pending tasks fail at once (502)."""
+        self._apply(self.machine.node_disconnected(conn.conn_id, why, self.clock()))
         self._links.pop(conn.conn_id, None)
-        for task in self.tracker.fail_connection(conn.conn_id):
-            self._deliver(
-                task.task_id,
-                FailedEvent(NodeDisconnected(f"node {conn.node_id} {why} during the task")),
-            )
-        if self.cluster is not None:
-            self.cluster.connection_lost(conn, why)
-        conn.tasks.clear()
-
-    def _close_link(self, conn_id: str, code: int, reason: str) -> None:
-        link = self._links.get(conn_id)
-        if link is not None:
-            link.request_close(code, reason)
-
-    def send_to_node(self, conn_id: str, envelope: msgspec.Struct) -> None:
-        link = self._links.get(conn_id)
-        if link is not None:
-            link.send_nowait(envelope)
-
-    def cancel_on_node(self, conn_id: str, task_id: str, reason: str) -> None:
-        """Tell a local node to stop a task and free its slot."""
-        conn = self.nodes.by_conn(conn_id)
-        if conn is not None:
-            conn.tasks.discard(task_id)
-        self.send_to_node(conn_id, Cancel(task_id=task_id, reason=reason))
 
     def on_node_envelope(self, conn: NodeConnection, envelope: object) -> None:
-        """An envelope arrived on ``conn``. Answers are checked against the tracker (tasks
-        requested here) or the forwarding table (tasks requested on other instances)."""
-        self.nodes.touch(conn.conn_id, self.clock())
-        if isinstance(envelope, Heartbeat):
+        if isinstance(envelope, Error) and envelope.task_id is None:
+            log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
+        self._apply(self.machine.node_envelope(conn.conn_id, envelope, self.clock()))
+
+    # -- the bus ----------------------------------------------------------------------------
+
+    async def _read_bus(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        backoff = 0.1
+        started = False
+        while True:
+            try:
+                async with self.bus.listen(self.instance_id) as inbox:
+                    if not started:
+                        task_status.started()
+                        started = True
+                    elif self.bus_losses:
+                        log.info("instance bus re-established")
+                    backoff = 0.1
+                    async for payload in inbox:
+                        self._on_bus_payload(payload)
+            except CoordinationUnavailable as exc:
+                if not started:
+                    raise StartupRefused(f"cannot subscribe to the instance bus: {exc}") from None
+                self.bus_losses += 1
+                log.warning("instance bus lost (%s); failing tasks whose answers may be lost", exc)
+                self._apply(self.machine.bus_lost(self.clock()))
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _on_bus_payload(self, payload: bytes) -> None:
+        try:
+            envelope = decode_bus(payload)
+        except ProtocolError as exc:
+            log.warning("dropped an unreadable bus envelope: %s", exc)
             return
-        if self.cluster is not None and self.cluster.forward_answer(conn, envelope):
-            return
-        if isinstance(envelope, Chunk):
-            self.accept_chunk(envelope.task_id, conn.conn_id, envelope.seq, envelope.delta)
-        elif isinstance(envelope, Result):
-            self._accept_finish(envelope.task_id, conn.conn_id, DoneEvent(envelope.output))
-        elif isinstance(envelope, Error):
-            if envelope.task_id is None:
-                log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
-                return
-            error = failure_error(conn.node_id, envelope.code, envelope.message)
-            self._accept_finish(envelope.task_id, conn.conn_id, FailedEvent(error))
-
-    # -- answers, local or from the bus -----------------------------------------------------
-
-    def accept_chunk(self, task_id: str, conn_id: str, seq: int, delta: str) -> None:
-        verdict, deltas = self.tracker.on_chunk(task_id, conn_id, seq, delta)
-        for piece in deltas:
-            self._deliver(task_id, ChunkEvent(piece))
-        if verdict is Verdict.OVERFLOW:
-            task = self.tracker.get(task_id)
-            if task is not None:
-                error = NodeFailed(f"node {task.node_id} sent chunks too far out of order")
-                self._accept_finish(task_id, conn_id, FailedEvent(error))
-
-    def accept_remote_finish(self, envelope: BusResult) -> None:
-        event: TaskEvent
-        if envelope.failure is not None:
-            error = failure_error(envelope.node_id, envelope.failure.code, envelope.failure.message)
-            event = FailedEvent(error)
-        else:
-            event = DoneEvent(envelope.output or "")
-        self._accept_finish(envelope.task_id, envelope.conn_id, event)
-
-    def accept_node_gone(self, envelope: BusNodeGone) -> None:
-        error = NodeDisconnected(
-            f"node {envelope.node_id} went away during the task ({envelope.reason or 'disconnected'})"
-        )
-        self._accept_finish(envelope.task_id, envelope.conn_id, FailedEvent(error))
-
-    def _accept_finish(self, task_id: str, conn_id: str, event: TaskEvent) -> None:
-        task = self.tracker.get(task_id)
-        if self.tracker.on_finish(task_id, conn_id) is Verdict.ACCEPTED:
-            if task is not None and task.owner_instance == self.instance_id:
-                conn = self.nodes.by_conn(conn_id)
-                if conn is not None:
-                    conn.tasks.discard(task_id)
-            self._deliver(task_id, event)
-
-    def _deliver(self, task_id: str, event: TaskEvent) -> None:
-        channel = self._waiting.get(task_id)
-        if channel is not None:
-            channel.send_nowait(event)
-
-    def fail_tasks_of_dead_owners(self, alive: set[str], why: str | None = None) -> None:
-        """Tasks waiting on an instance not in ``alive`` end now with 502."""
-        for task in self.tracker.fail_tasks_of_dead_owners(alive):
-            message = why or f"instance {task.owner_instance} serving node {task.node_id} went away"
-            self._deliver(task.task_id, FailedEvent(NodeDisconnected(message)))
-
-    def fail_remote_tasks(self, why: str) -> None:
-        """Every task waiting on another instance ends now (its answer may have been lost)."""
-        self.fail_tasks_of_dead_owners({self.instance_id}, why)
+        self._apply(self.machine.bus_envelope(envelope, self.clock()))
 
     # -- request side -----------------------------------------------------------------------
-
-    def node_views(self) -> list[NodeView]:
-        local = self.nodes.views(self.instance_id, self.ratings)
-        if self.cluster is None:
-            return local
-        # A node being replaced across instances may briefly show twice: the local
-        # connection, when there is one, is the newest this instance knows of.
-        local_ids = {v.node_id for v in local}
-        remote = [v for v in self.cluster.remote_views(self.ratings) if v.node_id not in local_ids]
-        return local + remote
 
     async def check_rate_limit(self, key_id: str) -> None:
         limit, period = self.settings.rate_limit
@@ -355,20 +413,44 @@ class Instance:
         self, *, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
     ) -> TaskHandle:
         """Place a task on a node and send it there. The caller must ``end_task`` the handle
-        (``open_task`` does it); a handle that is never ended is swept at its deadline."""
+        (``open_task`` does it); a handle that is never ended is swept at its deadline.
+        Raises NoNodeForModel / AllNodesBusy when no node can take it."""
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
-        deadline = self.clock() + timeout
+        now = self.clock()
+        deadline = now + timeout
         assign = Assign(
             task_id=task_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout
         )
-        view, events = await self._place(assign, deadline)
+        send, receive = trio.open_memory_channel[TaskEvent](math.inf)
+        self._waiting[task_id] = send
+        try:
+            await self._carry_out(self.machine.submit(assign, deadline, now))
+        except BaseException:
+            self._waiting.pop(task_id, None)
+            self._apply(self.machine.request_ended(task_id, "client_gone", self.clock()))
+            raise
+        placement = self.machine.requester.placement(task_id)
+        if placement is None:
+            # Every node it was placed on turned out gone before any of them saw it: the
+            # request gets that error now, like a placement that found no node at all.
+            self._waiting.pop(task_id, None)
+            error: GemmaNetError = NodeDisconnected(f"task {task_id} could not be placed")
+            while True:
+                try:
+                    event = receive.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                if isinstance(event, FailedEvent):
+                    error = event.error
+            raise error
+        node_id, conn_id, owner = placement
         return TaskHandle(
             task_id=task_id,
-            node_id=view.node_id,
-            conn_id=view.conn_id,
-            owner_instance=view.instance_id,
-            events=events,
+            node_id=node_id,
+            conn_id=conn_id,
+            owner_instance=owner,
+            events=receive,
             deadline=deadline,
             timeout_s=timeout,
             key_id=key_id,
@@ -377,46 +459,6 @@ class Instance:
             created_at=self._wall_clock(),
         )
 
-    async def _place(
-        self, assign: Assign, deadline: float
-    ) -> tuple[NodeView, trio.MemoryReceiveChannel[TaskEvent]]:
-        task_id = assign.task_id
-        for _ in range(PLACEMENT_ATTEMPTS):
-            view = choose_node(self.node_views(), assign.model, rng=self._rng)
-            # A fresh channel per attempt: what happened to an attempt that reached nobody
-            # (its owner declared dead meanwhile) must not reach the request.
-            send, receive = trio.open_memory_channel[TaskEvent](math.inf)
-            self._waiting[task_id] = send
-            self.tracker.open(
-                task_id,
-                node_id=view.node_id,
-                conn_id=view.conn_id,
-                owner_instance=view.instance_id,
-                deadline=deadline,
-            )
-            if view.instance_id == self.instance_id:
-                conn = self.nodes.by_conn(view.conn_id)
-                assert conn is not None, "a local view always has its connection"
-                conn.tasks.add(task_id)
-                self.send_to_node(conn.conn_id, assign)
-                return view, receive
-            assert self.cluster is not None
-            try:
-                reached = await self.cluster.dispatch(view, assign)
-            except BaseException as exc:
-                self.tracker.forget(task_id)
-                self._waiting.pop(task_id, None)
-                if isinstance(exc, CoordinationUnavailable):
-                    raise CoordinationDown(f"cannot reach the instance bus: {exc}") from None
-                raise
-            if reached:
-                # Delivered. If its owner was declared dead meanwhile, the 502 already waits.
-                return view, receive
-            # Nobody received it, so no node ever saw it: forget the attempt, place again.
-            self.tracker.forget(task_id)
-            self._waiting.pop(task_id, None)
-        raise NodeDisconnected(f"the instances serving model {assign.model!r} went away")
-
     async def end_task(self, handle: TaskHandle, outcome: str) -> None:
         """The request is done with its task (``outcome``: "ok" or an error code). Cancels it
         on the node if it is still running, and records it. Idempotent."""
@@ -424,17 +466,8 @@ class Instance:
             return
         handle.outcome = outcome
         self._waiting.pop(handle.task_id, None)
-        task = self.tracker.close(handle.task_id)
-        if task is not None:
-            # Nobody waits for the answer any more: free the node's slot and tell the node.
-            self._cancel(task.owner_instance, task.conn_id, task.task_id, outcome)
+        self._apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
         self._record(handle)
-
-    def _cancel(self, owner_instance: str, conn_id: str, task_id: str, reason: str) -> None:
-        if owner_instance == self.instance_id:
-            self.cancel_on_node(conn_id, task_id, reason)
-        elif self.cluster is not None:
-            self.cluster.cancel_remote(owner_instance, task_id, reason)
 
     @asynccontextmanager
     async def open_task(
@@ -493,28 +526,25 @@ class Instance:
 
     async def cluster_status(self) -> dict[str, object]:
         mine = {c.node_id for c in self.nodes.connections()}
-        peers = self.cluster.peer_snapshots() if self.cluster is not None else []
+        peers = self.machine.peers()
         return {
             "online_nodes": len(mine | registry.online_node_ids(peers)),
             "instances": 1 + len(peers),
-            "in_flight": len(self.tracker) + sum(p.in_flight for p in peers),
+            "in_flight": len(self.machine.requester) + sum(p.in_flight for p in peers),
             "instance_id": self.instance_id,
             "diagnostics": self.diagnostics(),
         }
 
     def diagnostics(self) -> dict[str, object]:
         """Counters of this instance only: what was refused or lost, for operators and tests."""
-        cluster = self.cluster
+        forwarding = self.machine.owner.forwarding
         return {
             "local_nodes": len(self.nodes),
-            "local_in_flight": len(self.tracker),
-            "dropped_answers": {v.value: n for v, n in self.tracker.dropped.items()},
-            "forwarded_in_flight": len(cluster.forwarding) if cluster else 0,
-            "forwards_dropped_wrong_source": cluster.forwarding.dropped_wrong_source
-            if cluster
-            else 0,
-            "liveness_lost": cluster.liveness_lost if cluster else 0,
-            "bus_losses": cluster.bus_losses if cluster else 0,
+            "local_in_flight": len(self.machine.requester),
+            "dropped_answers": self.machine.dropped_answers(),
+            "forwarded_in_flight": forwarding.remote_count(self.instance_id),
+            "liveness_lost": self.liveness_lost,
+            "bus_losses": self.bus_losses,
         }
 
     async def cluster_nodes(self) -> list[dict[str, object]]:
@@ -530,23 +560,23 @@ class Instance:
                 "agent_version": conn.agent_version,
                 "connected_at": conn.connected_at,
             }
-        if self.cluster is not None:
-            for snap in self.cluster.peer_snapshots():
-                for entry in snap.nodes:
-                    infos.setdefault(
-                        entry.node_id,
-                        {
-                            "node_id": entry.node_id,
-                            "instance_id": snap.instance_id,
-                            "models": list(entry.models),
-                            "max_parallel": entry.max_parallel,
-                            "in_flight": entry.in_flight,
-                            "vram_gb": entry.vram_gb,
-                            "agent_version": entry.agent_version,
-                            "connected_at": entry.connected_at,
-                        },
-                    )
+        for snap in self.machine.peers():
+            for entry in snap.nodes:
+                infos.setdefault(
+                    entry.node_id,
+                    {
+                        "node_id": entry.node_id,
+                        "instance_id": snap.instance_id,
+                        "models": list(entry.models),
+                        "max_parallel": entry.max_parallel,
+                        "in_flight": entry.in_flight,
+                        "vram_gb": entry.vram_gb,
+                        "agent_version": entry.agent_version,
+                        "connected_at": entry.connected_at,
+                    },
+                )
+        ratings = self.machine.ratings
         for node_id, info in infos.items():
-            mean, count = self.ratings.get(node_id, (None, 0))
+            mean, count = ratings.get(node_id, (None, 0))
             info["rating"], info["ratings"] = mean, count
         return [infos[k] for k in sorted(infos)]

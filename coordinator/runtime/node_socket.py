@@ -13,8 +13,9 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.node_table import NodeConnection
-from coordinator.runtime.instance import Instance
 from coordinator.runtime.node_link import NodeLink
+from coordinator.settings import Settings
+from coordinator.store import Store
 from protocol import Heartbeat, Hello, NodeSession, ProtocolError, Welcome
 
 log = logging.getLogger("gemmanet.node_socket")
@@ -23,6 +24,18 @@ CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_AUTH_FAILED = 4001
 CLOSE_PROTOCOL_ERROR = 4002
 HELLO_TIMEOUT_S = 10.0
+
+
+class NodeHost(Protocol):
+    """What serving a node socket needs of its instance."""
+
+    instance_id: str
+    settings: Settings
+    store: Store
+
+    async def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection: ...
+    def detach_node(self, conn: NodeConnection, why: str = ...) -> None: ...
+    def on_node_envelope(self, conn: NodeConnection, envelope: object) -> None: ...
 
 
 class NodeSocket(Protocol):
@@ -43,7 +56,7 @@ def _reason(text: str) -> str:
     return text.encode()[:120].decode(errors="ignore")
 
 
-async def serve_node_socket(instance: Instance, socket: NodeSocket) -> None:
+async def serve_node_socket(instance: NodeHost, socket: NodeSocket) -> None:
     await socket.accept()
     # The session refuses anything a node may not send in the current state (4002).
     session = NodeSession("coordinator")
@@ -59,7 +72,7 @@ async def serve_node_socket(instance: Instance, socket: NodeSocket) -> None:
             log.debug("could not close a node socket cleanly: %r", exc)
 
 
-async def _receive_hello(instance: Instance, socket: NodeSocket, session: NodeSession) -> Hello:
+async def _receive_hello(instance: NodeHost, socket: NodeSocket, session: NodeSession) -> Hello:
     with trio.move_on_after(HELLO_TIMEOUT_S):
         data = await socket.receive()
         try:
@@ -75,7 +88,7 @@ async def _receive_hello(instance: Instance, socket: NodeSocket, session: NodeSe
 
 
 async def _serve_authenticated(
-    instance: Instance, socket: NodeSocket, session: NodeSession, hello: Hello
+    instance: NodeHost, socket: NodeSocket, session: NodeSession, hello: Hello
 ) -> tuple[int, str]:
     link = NodeLink()
     try:
@@ -108,14 +121,14 @@ async def _pump_outbox(socket: NodeSocket, link: NodeLink) -> None:
         await socket.send(data.decode())
 
 
-async def _send_heartbeats(instance: Instance, link: NodeLink) -> None:
+async def _send_heartbeats(instance: NodeHost, link: NodeLink) -> None:
     while True:
         await trio.sleep(instance.settings.heartbeat_interval_s)
         link.send_nowait(Heartbeat())
 
 
 async def _receive_envelopes(
-    instance: Instance,
+    instance: NodeHost,
     socket: NodeSocket,
     session: NodeSession,
     conn: NodeConnection,

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import trio
 
-from coordinator.errors import GemmaNetError, TaskTimedOut
+from coordinator.core.effects import ChunkEvent, DoneEvent, FailedEvent, MovedEvent, TaskEvent
+from coordinator.errors import TaskTimedOut
 
-
-@dataclass(frozen=True, slots=True)
-class ChunkEvent:
-    delta: str
-
-
-@dataclass(frozen=True, slots=True)
-class DoneEvent:
-    output: str
-
-
-@dataclass(frozen=True, slots=True)
-class FailedEvent:
-    error: GemmaNetError
-
-
-TaskEvent = ChunkEvent | DoneEvent | FailedEvent
+__all__ = ["ChunkEvent", "DoneEvent", "FailedEvent", "TaskEvent", "TaskHandle"]
 
 
 class TaskHandle:
@@ -62,10 +45,16 @@ class TaskHandle:
     async def next_event(self) -> ChunkEvent | DoneEvent:
         """The next chunk or the final result; raises the task's error (502/503/504)."""
         with trio.move_on_at(self.deadline):
-            event = await self._events.receive()
-            if isinstance(event, FailedEvent):
-                raise event.error
-            return event
+            while True:
+                event = await self._events.receive()
+                if isinstance(event, MovedEvent):
+                    # Refused where first placed (never ran there); runs on this node now.
+                    self.node_id, self.conn_id = event.node_id, event.conn_id
+                    self.owner_instance = event.owner_instance
+                    continue
+                if isinstance(event, FailedEvent):
+                    raise event.error
+                return event
         raise TaskTimedOut(f"task {self.task_id} got no result within {self.timeout_s:g} s")
 
     async def result(self) -> str:

@@ -18,7 +18,6 @@ from coordinator.core import registry
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.errors import NoNodeForModel
 from coordinator.runtime.bus import PubSubBus
-from coordinator.runtime.cluster import Cluster
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings
 from sim.stand_ins import SimStore
@@ -41,7 +40,7 @@ class SweptWhileSending(PubSubBus):
             return 1
         assert self.instance is not None
         await trio.sleep(0.01)
-        self.instance.fail_tasks_of_dead_owners({self.instance.instance_id, "C"})
+        self.instance.peers_died({"B"})
         return 0
 
 
@@ -66,10 +65,9 @@ async def start_instance(
 ) -> tuple[Instance, SweptWhileSending]:
     coordination = MemoryCoordination(trio.current_time)
     settings = Settings(instance_id="A", multi_instance=True, redis_url="memory://")
-    instance = Instance(settings, SimStore(), coordination, rng=random.Random(1))  # type: ignore[arg-type]
     bus = SweptWhileSending(coordination)
+    instance = Instance(settings, SimStore(), coordination, bus, rng=random.Random(1))  # type: ignore[arg-type]
     bus.instance = instance
-    instance.cluster = Cluster(instance, coordination, bus)
     for peer, node in peers.items():
         await announce_peer(coordination, peer, node)
     await nursery.start(instance.run)
@@ -81,14 +79,14 @@ async def test_task_failed_during_an_unreached_dispatch_is_placed_again(autojump
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             instance, bus = await start_instance(nursery, {"B": "n1", "C": "n2"})
-            assert sorted(v.node_id for v in instance.node_views()) == ["n1", "n2"]
+            assert sorted(v.node_id for v in instance.machine.views()) == ["n1", "n2"]
             # The rng tie-break picks B's node first for this seed; the retry goes to C.
             handle = await instance.start_task(
                 key_id="k", model="m", prompt="p", stream=False, timeout_s=10
             )
             assert bus.assigns == ["B", "C"]
             assert handle.owner_instance == "C" and handle.node_id == "n2"
-            assert handle.task_id in instance.tracker  # pending on C, not failed
+            assert handle.task_id in instance.machine.requester.tracker  # pending on C, not failed
             await instance.end_task(handle, "client_gone")
             nursery.cancel_scope.cancel()
 
@@ -101,5 +99,5 @@ async def test_unreached_dispatch_with_no_other_node_is_503(autojump_clock) -> N
                 await instance.start_task(
                     key_id="k", model="m", prompt="p", stream=False, timeout_s=10
                 )
-            assert bus.assigns == ["B"] and len(instance.tracker) == 0
+            assert bus.assigns == ["B"] and len(instance.machine.requester) == 0
             nursery.cancel_scope.cancel()

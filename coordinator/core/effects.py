@@ -1,0 +1,108 @@
+"""What the cluster machines ask the shell to do, and what a waiting request is told.
+
+The machines (``owner.py``, ``requester.py``, joined in ``instance_machine.py``) never do I/O:
+every method takes an event (and ``now``) and returns a list of these effects, which the trio
+driver (``coordinator/runtime/instance.py``) carries out in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.errors import GemmaNetError
+from protocol import Assign, BusAssign, BusEnvelope, Cancel
+
+# -- what a request sees ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEvent:
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class DoneEvent:
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailedEvent:
+    error: GemmaNetError
+
+
+@dataclass(frozen=True, slots=True)
+class MovedEvent:
+    """The task was refused where it was first placed (that node never ran it) and now runs on
+    another node; the request reports this node in its answer."""
+
+    node_id: str
+    conn_id: str
+    owner_instance: str
+
+
+TaskEvent = ChunkEvent | DoneEvent | FailedEvent | MovedEvent
+
+
+# -- effects ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendToNode:
+    conn_id: str
+    envelope: Assign | Cancel
+
+
+@dataclass(frozen=True, slots=True)
+class CloseNode:
+    """Close a node connection with a WebSocket close code (4000 replaced, 4003 silent)."""
+
+    conn_id: str
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Send an envelope to another instance's inbox, queued and retried until ``give_up_at``.
+    ``unreached_task``: when nobody receives it, the owner stops that forwarded task (its
+    requester is gone)."""
+
+    target: str
+    envelope: BusEnvelope
+    give_up_at: float
+    unreached_task: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Hand a task to the instance owning its node. The shell reports back whether anybody
+    received it (``InstanceMachine.dispatched``/``unreached``/``dispatch_failed``)."""
+
+    target: str
+    envelope: BusAssign
+    placement: int  # which placement of the task this is (1 for the first)
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """An event for the request waiting on ``task_id``."""
+
+    task_id: str
+    event: TaskEvent
+
+
+@dataclass(frozen=True, slots=True)
+class NodesChanged:
+    """A node came or went here: republish the registry now, not at the next beat."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseOwnership:
+    """This connection no longer speaks for its node: drop the shared owner record unless a
+    newer connection already took it over."""
+
+    node_id: str
+    conn_id: str
+
+
+Effect = SendToNode | CloseNode | Publish | Dispatch | Deliver | NodesChanged | ReleaseOwnership

@@ -1,0 +1,209 @@
+"""One instance's side of the cluster protocol as a pure state machine.
+
+It joins the ``Requester`` (tasks this instance's clients asked for) and the ``Owner`` (the
+node connections this instance holds). Envelopes one side addresses to this very instance go
+straight to the other side without touching the bus, so a single instance is simply the same
+machine with no peers: a local task is an assign from this requester to this owner.
+
+Every method takes an event and the current time, and returns the effects for the shell
+(``coordinator/core/effects.py``); nothing here does I/O, reads a clock or draws randomness
+except from the ``random.Random`` it is given.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import replace
+
+from coordinator.core import registry
+from coordinator.core.effects import Dispatch, Effect, Publish
+from coordinator.core.node_table import NodeConnection
+from coordinator.core.owner import Owner
+from coordinator.core.placement import NodeView
+from coordinator.core.registry import InstanceSnapshot
+from coordinator.core.requester import Requester
+from coordinator.core.tracker import Verdict
+from coordinator.errors import GemmaNetError
+from protocol import (
+    Assign,
+    BusAssign,
+    BusCancel,
+    BusChunk,
+    BusEnvelope,
+    BusNodeGone,
+    BusRefused,
+    BusReplace,
+    BusResult,
+)
+
+Ratings = dict[str, tuple[float, int]]
+
+
+class InstanceMachine:
+    def __init__(self, instance_id: str, *, forward_grace_s: float, rng: random.Random) -> None:
+        self.me = instance_id
+        self.owner = Owner(instance_id, forward_grace_s=forward_grace_s)
+        self.requester = Requester(instance_id, views=self.views, rng=rng)
+        self.ratings: Ratings = {}
+        self._peers: dict[str, InstanceSnapshot] = {}
+        self._remote_views: list[NodeView] | None = None
+
+    # -- what placement sees ----------------------------------------------------------------
+
+    def set_peers(self, snapshots: Iterable[InstanceSnapshot]) -> None:
+        """The last published snapshots of the live peers."""
+        self._peers = {s.instance_id: s for s in snapshots if s.instance_id != self.me}
+        self._remote_views = None
+
+    def forget_peer(self, instance_id: str) -> None:
+        if self._peers.pop(instance_id, None) is not None:
+            self._remote_views = None
+
+    def set_ratings(self, ratings: Ratings) -> None:
+        self.ratings = ratings
+        self._remote_views = None
+
+    def peers(self) -> list[InstanceSnapshot]:
+        return [self._peers[i] for i in sorted(self._peers)]
+
+    def views(self) -> list[NodeView]:
+        """Placement candidates: local nodes as they are, peers' nodes from their snapshots
+        (up to a beat old) corrected for the tasks this instance sent them since."""
+        local = self.owner.nodes.views(self.me, self.ratings)
+        if not self._peers:
+            return local
+        if self._remote_views is None:
+            self._remote_views = registry.remote_views(
+                self.peers(), self.ratings, exclude_instance=self.me, pending_per_conn={}
+            )
+        pending = self.requester.pending_per_remote_conn()
+        # A node being replaced across instances may briefly show twice: the local
+        # connection, when there is one, is the newest this instance knows of.
+        local_ids = {v.node_id for v in local}
+        remote = [
+            replace(v, in_flight=pending[v.conn_id])
+            if pending.get(v.conn_id, 0) > v.in_flight
+            else v
+            for v in self._remote_views
+            if v.node_id not in local_ids
+        ]
+        return local + remote
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def submit(self, assign: Assign, deadline: float, now: float) -> list[Effect]:
+        """A client's task. Raises NoNodeForModel / AllNodesBusy when no node can take it."""
+        return self._route(self.requester.submit(assign, deadline), now)
+
+    def request_ended(self, task_id: str, outcome: str, now: float) -> list[Effect]:
+        return self._route(self.requester.ended(task_id, outcome, now), now)
+
+    def dispatched(self, task_id: str, placement: int, now: float) -> list[Effect]:
+        return self._route(self.requester.dispatched(task_id, placement), now)
+
+    def unreached(self, task_id: str, placement: int, target: str, now: float) -> list[Effect]:
+        self.forget_peer(target)
+        return self._route(self.requester.unreached(task_id, placement, target, now), now)
+
+    def dispatch_failed(
+        self, task_id: str, placement: int, target: str, error: GemmaNetError, now: float
+    ) -> list[Effect]:
+        effects = self.requester.dispatch_failed(task_id, placement, target, error, now)
+        return self._route(effects, now)
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def node_connected(self, conn: NodeConnection, now: float) -> list[Effect]:
+        return self._route(self.owner.connected(conn), now)
+
+    def node_disconnected(self, conn_id: str, why: str, now: float) -> list[Effect]:
+        return self._route(self.owner.disconnected(conn_id, why), now)
+
+    def node_replaced(self, conn_id: str, node_id: str, now: float) -> list[Effect]:
+        """The node's identity is owned by a newer connection elsewhere now."""
+        return self._route(self.owner.replaced(conn_id, node_id), now)
+
+    def node_envelope(self, conn_id: str, envelope: object, now: float) -> list[Effect]:
+        return self._route(self.owner.node_envelope(conn_id, envelope, now), now)
+
+    # -- peers and the bus ------------------------------------------------------------------
+
+    def bus_envelope(self, envelope: BusEnvelope, now: float) -> list[Effect]:
+        return self._route(self._receive(envelope, now), now)
+
+    def answer_unreached(self, task_id: str, now: float) -> list[Effect]:
+        return self._route(self.owner.answer_unreached(task_id), now)
+
+    def peers_of_interest(self) -> list[str]:
+        """Instances whose death would change something here: owners we wait on, requesters
+        we work for."""
+        return sorted(self.requester.owners() | self.owner.remote_requesters())
+
+    def peers_dead(self, dead: set[str], now: float) -> list[Effect]:
+        """Tasks waiting on a dead owner end with 502; tasks for a dead requester stop."""
+        dead = dead - {self.me}
+        for instance_id in sorted(dead):
+            self.forget_peer(instance_id)
+        effects = self.requester.owners_dead(dead, now) + self.owner.requesters_dead(dead, now)
+        return self._route(effects, now)
+
+    def bus_lost(self, now: float) -> list[Effect]:
+        """Our inbox was lost: what crosses the bus may be lost both ways."""
+        effects = self.requester.remote_tasks_lost(now) + self.owner.drop_remote("bus_lost")
+        return self._route(effects, now)
+
+    def presence_lapsed(self, now: float) -> list[Effect]:
+        """Peers may have declared this instance dead and failed what they asked of it."""
+        return self._route(self.owner.drop_remote("owner_lost_liveness"), now)
+
+    def tick(self, now: float, *, silence_deadline_s: float | None) -> list[Effect]:
+        effects = self.requester.tick(now)
+        effects += self.owner.tick(now, silence_deadline_s=silence_deadline_s)
+        return self._route(effects, now)
+
+    # -- status -----------------------------------------------------------------------------
+
+    def snapshot(self) -> InstanceSnapshot:
+        return self.owner.snapshot(in_flight=len(self.requester))
+
+    def dropped_answers(self) -> dict[str, int]:
+        counts = dict(self.requester.tracker.dropped)
+        for verdict, n in self.owner.dropped.items():
+            counts[verdict] = counts.get(verdict, 0) + n
+        return {v.value: counts.get(v, 0) for v in Verdict if v is not Verdict.ACCEPTED}
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def _route(self, effects: list[Effect], now: float) -> list[Effect]:
+        """Effects for the shell; what this instance addresses to itself is handled here, in
+        place, so the order of everything a request sees is the order it happened in."""
+        out: list[Effect] = []
+        for effect in effects:
+            if isinstance(effect, Publish) and effect.target == self.me:
+                out += self._route(self._receive(effect.envelope, now), now)
+            elif isinstance(effect, Dispatch) and effect.target == self.me:
+                task_id = effect.envelope.task_id
+                # Received, by definition; then whatever the owner says about it.
+                out += self._route(self.requester.dispatched(task_id, effect.placement), now)
+                out += self._route(self.owner.assign(effect.envelope, now), now)
+            else:
+                out.append(effect)
+        return out
+
+    def _receive(self, envelope: BusEnvelope, now: float) -> list[Effect]:
+        if isinstance(envelope, BusChunk):
+            return self.requester.chunk(envelope)
+        if isinstance(envelope, BusResult):
+            return self.requester.result(envelope, now)
+        if isinstance(envelope, BusNodeGone):
+            return self.requester.node_gone(envelope)
+        if isinstance(envelope, BusRefused):
+            return self.requester.refused(envelope, now)
+        if isinstance(envelope, BusAssign):
+            return self.owner.assign(envelope, now)
+        if isinstance(envelope, BusCancel):
+            return self.owner.cancel(envelope.task_id, envelope.reason)
+        if isinstance(envelope, BusReplace):
+            return self.owner.replaced(envelope.conn_id, envelope.node_id)
+        return []

@@ -1,0 +1,254 @@
+"""The owner side of the cluster protocol: this instance's node connections and the tasks they
+run for requesters (other instances, or this one).
+
+Pure: events in (a node connected, spoke or went away; an assign or cancel arrived; a tick),
+effects out. The owner enforces that only the connection a task was assigned to may answer it,
+refuses an assign its node cannot take (the requester then places the task elsewhere), and
+stops work nobody waits for any more (a cancel, a dead requester, an expired task).
+"""
+
+from __future__ import annotations
+
+from coordinator.core.effects import (
+    CloseNode,
+    Effect,
+    NodesChanged,
+    Publish,
+    ReleaseOwnership,
+    SendToNode,
+)
+from coordinator.core.forwarding import Forward, ForwardingTable
+from coordinator.core.node_table import NodeConnection, NodeTable
+from coordinator.core.registry import InstanceSnapshot, NodeEntry
+from coordinator.core.tracker import Verdict
+from protocol import (
+    Assign,
+    BusAssign,
+    BusChunk,
+    BusNodeGone,
+    BusRefused,
+    BusResult,
+    Cancel,
+    Chunk,
+    Error,
+    Heartbeat,
+    Result,
+    TaskFailure,
+)
+
+CLOSE_REPLACED = 4000
+# A node silent past its heartbeat deadline (an extension of INTERFACE.md's 4000-4002; the agent
+# reconnects on it like on any other loss).
+CLOSE_HEARTBEAT_TIMEOUT = 4003
+# How long a reply that is not tied to a task's deadline keeps being retried on the bus.
+REPLY_GIVE_UP_S = 5.0
+
+
+class Owner:
+    def __init__(self, instance_id: str, *, forward_grace_s: float) -> None:
+        self.me = instance_id
+        self.forward_grace_s = forward_grace_s
+        self.nodes = NodeTable()
+        self.forwarding = ForwardingTable()
+        # Answers dropped before they reached any requester, by why.
+        self.dropped: dict[Verdict, int] = {
+            Verdict.WRONG_SOURCE: 0,
+            Verdict.UNKNOWN_TASK: 0,
+            Verdict.DUPLICATE: 0,
+        }
+
+    # -- node connections -------------------------------------------------------------------
+
+    def connected(self, conn: NodeConnection) -> list[Effect]:
+        """An authenticated connection; an older one of the same identity here is replaced."""
+        replaced = self.nodes.register(conn)
+        effects: list[Effect] = [NodesChanged()]
+        if replaced is not None:
+            effects.append(self._replaced_close(replaced))
+            effects += self._lose(replaced, "was replaced by a newer connection")
+        return effects
+
+    def disconnected(self, conn_id: str, why: str) -> list[Effect]:
+        """The socket of ``conn_id`` closed: its tasks end now (502), not at their timeout."""
+        conn = self.nodes.unregister(conn_id)
+        return [] if conn is None else self._lose(conn, why)
+
+    def replaced(self, conn_id: str, node_id: str) -> list[Effect]:
+        """A newer connection of ``node_id`` lives on another instance: close ours with 4000."""
+        conn = self.nodes.by_conn(conn_id)
+        if conn is None or conn.node_id != node_id:
+            return []
+        self.nodes.unregister(conn_id)
+        return [self._replaced_close(conn), *self._lose(conn, "was replaced by a newer connection")]
+
+    def _replaced_close(self, conn: NodeConnection) -> CloseNode:
+        reason = f"replaced by a newer connection of node {conn.node_id}"
+        return CloseNode(conn.conn_id, CLOSE_REPLACED, reason)
+
+    def _lose(self, conn: NodeConnection, why: str) -> list[Effect]:
+        effects: list[Effect] = [ReleaseOwnership(conn.node_id, conn.conn_id), NodesChanged()]
+        for forward in self.forwarding.of_connection(conn.conn_id):
+            gone = BusNodeGone(
+                task_id=forward.task_id, node_id=conn.node_id, conn_id=conn.conn_id, reason=why
+            )
+            effects.append(Publish(forward.reply_to, gone, give_up_at=forward.expires_at))
+        conn.tasks.clear()
+        return effects
+
+    def node_envelope(self, conn_id: str, envelope: object, now: float) -> list[Effect]:
+        """An envelope from a node: heartbeats refresh it, answers go to their requester."""
+        conn = self.nodes.by_conn(conn_id)
+        if conn is None:
+            return []  # a connection already dropped: what it says means nothing now
+        conn.last_seen = now
+        if isinstance(envelope, Heartbeat) or not isinstance(envelope, Chunk | Result | Error):
+            return []
+        task_id = envelope.task_id
+        if task_id is None:
+            return []  # a node-level complaint; the shell logs it
+        verdict, forward = self.forwarding.check(task_id, conn_id)
+        if forward is None:
+            self.dropped[verdict] += 1
+            return []
+        out: BusChunk | BusResult
+        if isinstance(envelope, Chunk):
+            out = BusChunk(task_id=task_id, conn_id=conn_id, seq=envelope.seq, delta=envelope.delta)
+        else:
+            self.forwarding.remove(task_id)
+            conn.tasks.discard(task_id)
+            if isinstance(envelope, Result):
+                out = BusResult(
+                    task_id=task_id,
+                    node_id=conn.node_id,
+                    conn_id=conn_id,
+                    output=envelope.output,
+                    chunks=envelope.chunks,
+                )
+            else:
+                failure = TaskFailure(code=envelope.code, message=envelope.message)
+                out = BusResult(
+                    task_id=task_id, node_id=conn.node_id, conn_id=conn_id, failure=failure
+                )
+        return [
+            Publish(forward.reply_to, out, give_up_at=forward.expires_at, unreached_task=task_id)
+        ]
+
+    # -- requests from requesters -----------------------------------------------------------
+
+    def assign(self, envelope: BusAssign, now: float) -> list[Effect]:
+        """Run a task on the connection the requester chose, or refuse it (never started)."""
+        conn = self.nodes.by_node(envelope.node_id)
+        if conn is None or conn.conn_id != envelope.conn_id:
+            return [
+                self._refuse(envelope, "node_disconnected", "the node's connection is gone", now)
+            ]
+        if self.forwarding.known(envelope.task_id, envelope.conn_id):
+            return []  # a replayed assign
+        if conn.in_flight >= conn.max_parallel:
+            message = f"node {conn.node_id} is at capacity"
+            return [self._refuse(envelope, "all_nodes_busy", message, now)]
+        self.forwarding.add(
+            Forward(
+                task_id=envelope.task_id,
+                node_id=conn.node_id,
+                conn_id=conn.conn_id,
+                reply_to=envelope.reply_to,
+                expires_at=now + envelope.timeout_s + self.forward_grace_s,
+            )
+        )
+        conn.tasks.add(envelope.task_id)
+        assign = Assign(
+            task_id=envelope.task_id,
+            model=envelope.model,
+            prompt=envelope.prompt,
+            stream=envelope.stream,
+            timeout_s=envelope.timeout_s,
+        )
+        return [SendToNode(conn.conn_id, assign)]
+
+    def _refuse(self, envelope: BusAssign, code: str, message: str, now: float) -> Publish:
+        refusal = BusRefused(
+            task_id=envelope.task_id,
+            node_id=envelope.node_id,
+            conn_id=envelope.conn_id,
+            code=code,
+            message=message,
+        )
+        return Publish(envelope.reply_to, refusal, give_up_at=now + REPLY_GIVE_UP_S)
+
+    def cancel(self, task_id: str, reason: str) -> list[Effect]:
+        """Nobody waits for ``task_id`` any more: stop it on its node and free the slot."""
+        forward = self.forwarding.remove(task_id)
+        return [] if forward is None else self._stop(forward, reason)
+
+    def _stop(self, forward: Forward, reason: str) -> list[Effect]:
+        conn = self.nodes.by_conn(forward.conn_id)
+        if conn is None:
+            return []
+        conn.tasks.discard(forward.task_id)
+        return [SendToNode(conn.conn_id, Cancel(task_id=forward.task_id, reason=reason))]
+
+    # -- supervision ------------------------------------------------------------------------
+
+    def requesters_dead(self, dead: set[str], now: float) -> list[Effect]:
+        """Tasks requested by dead instances are stopped on their nodes; a requester that was
+        only frozen reads a node_gone when it resumes (502, not 504)."""
+        effects: list[Effect] = []
+        for forward in self.forwarding.of_requesters(dead):
+            effects += self._stop(forward, "requester_gone")
+            gone = BusNodeGone(
+                task_id=forward.task_id,
+                node_id=forward.node_id,
+                conn_id=forward.conn_id,
+                reason="the requesting instance was considered dead",
+            )
+            effects.append(Publish(forward.reply_to, gone, give_up_at=now + REPLY_GIVE_UP_S))
+        return effects
+
+    def drop_remote(self, reason: str) -> list[Effect]:
+        """Stop every task requested by another instance (their answers can no longer be
+        trusted to arrive: our inbox was lost, or peers declared us dead)."""
+        effects: list[Effect] = []
+        for forward in self.forwarding.not_of(self.me):
+            effects += self._stop(forward, reason)
+        return effects
+
+    def tick(self, now: float, *, silence_deadline_s: float | None) -> list[Effect]:
+        """Expired tasks stop; with ``silence_deadline_s``, nodes silent that long are closed."""
+        effects: list[Effect] = []
+        for forward in self.forwarding.expired(now):
+            effects += self._stop(forward, "task_timeout")
+        if silence_deadline_s is not None:
+            for conn in self.nodes.silent(now, silence_deadline_s):
+                self.nodes.unregister(conn.conn_id)
+                effects.append(
+                    CloseNode(conn.conn_id, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
+                )
+                effects += self._lose(conn, "stopped sending heartbeats")
+        return effects
+
+    def answer_unreached(self, task_id: str) -> list[Effect]:
+        """An answer reached nobody: its requester is gone, so stop the task on the node."""
+        return self.cancel(task_id, "requester_gone")
+
+    def remote_requesters(self) -> set[str]:
+        return self.forwarding.requesters() - {self.me}
+
+    def snapshot(self, in_flight: int) -> InstanceSnapshot:
+        return InstanceSnapshot(
+            instance_id=self.me,
+            in_flight=in_flight,
+            nodes=[
+                NodeEntry(
+                    node_id=c.node_id,
+                    conn_id=c.conn_id,
+                    models=sorted(c.models),
+                    max_parallel=c.max_parallel,
+                    in_flight=c.in_flight,
+                    vram_gb=c.vram_gb,
+                    agent_version=c.agent_version,
+                    connected_at=c.connected_at,
+                )
+                for c in self.nodes.connections()
+            ],
+        )

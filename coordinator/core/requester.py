@@ -1,0 +1,306 @@
+"""The requester side of the cluster protocol: tasks this instance accepted from its clients.
+
+Pure: events in (a request arrived or ended, an answer or refusal came from an owner, owners
+died, the bus was lost, a tick), effects out. The requester places each task on a node, hands it
+to the node's owner (this instance or a peer), checks every answer against the connection it
+assigned (``TaskTracker``), and ends each task exactly once: with its output, or with an
+explicit error (502 when its node or owner went away, 504 at its deadline).
+
+Placement never gives up while another node has room: an assign that reached nobody (the owner
+is gone), that the owner refused (its node was full or gone: the requester's view was stale) or
+that the node turned down as busy before producing anything is placed again elsewhere, since
+no node ever ran it. Only when no other node can take it does the request get the error.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from coordinator.core.effects import (
+    ChunkEvent,
+    Deliver,
+    Dispatch,
+    DoneEvent,
+    Effect,
+    FailedEvent,
+    MovedEvent,
+    Publish,
+)
+from coordinator.core.placement import NodeView, choose_node
+from coordinator.core.tracker import TaskTracker, Verdict
+from coordinator.errors import (
+    AllNodesBusy,
+    GemmaNetError,
+    NodeDisconnected,
+    NodeFailed,
+    TaskTimedOut,
+)
+from protocol import Assign, BusAssign, BusCancel, BusChunk, BusNodeGone, BusRefused, BusResult
+
+# Node-reported errors that mean "not now" rather than "this task is broken".
+BUSY_CODES = frozenset({"node_busy", "node_draining", "all_nodes_busy"})
+# An upper bound on placements of one task (each one excludes a node, so this only matters
+# in a very large network whose nodes all turn the task down).
+MAX_PLACEMENTS = 32
+CANCEL_GIVE_UP_S = 5.0
+
+
+def failure_error(node_id: str, code: str, message: str) -> GemmaNetError:
+    """The client-facing error for a task failure a node (or its owner instance) reported."""
+    if code in BUSY_CODES:
+        return AllNodesBusy(f"node {node_id} refused the task: {message}", retry_after_s=1)
+    if code == "node_disconnected":
+        return NodeDisconnected(message)
+    return NodeFailed(f"node {node_id} failed the task ({code}): {message}")
+
+
+@dataclass
+class Request:
+    assign: Assign
+    deadline: float
+    placements: int = 0
+    # Connections that turned this task down as full, and instances it could not reach.
+    full: set[str] = field(default_factory=set)
+    gone_conns: set[str] = field(default_factory=set)
+    gone_instances: set[str] = field(default_factory=set)
+    # The assign is on its way to a peer; whether anybody received it is not known yet.
+    dispatching: bool = False
+    owner_died_meanwhile: bool = False
+    started: bool = False  # a chunk arrived: the node runs it, no re-placement any more
+
+
+class Requester:
+    def __init__(
+        self, instance_id: str, *, views: Callable[[], list[NodeView]], rng: random.Random
+    ) -> None:
+        self.me = instance_id
+        self.tracker = TaskTracker()
+        self._views = views
+        self._rng = rng
+        self._requests: dict[str, Request] = {}
+
+    def __len__(self) -> int:
+        return len(self.tracker)
+
+    # -- placement --------------------------------------------------------------------------
+
+    def submit(self, assign: Assign, deadline: float) -> list[Effect]:
+        """Place a new task. Raises NoNodeForModel / AllNodesBusy when no node can take it
+        (then nothing was created)."""
+        view = choose_node(self._views(), assign.model, rng=self._rng)
+        request = Request(assign, deadline)
+        self._requests[assign.task_id] = request
+        return self._place_on(request, view)
+
+    def _place_on(self, request: Request, view: NodeView) -> list[Effect]:
+        assign = request.assign
+        self.tracker.open(
+            assign.task_id,
+            node_id=view.node_id,
+            conn_id=view.conn_id,
+            owner_instance=view.instance_id,
+            deadline=request.deadline,
+        )
+        request.placements += 1
+        request.dispatching = True
+        envelope = BusAssign(
+            task_id=assign.task_id,
+            node_id=view.node_id,
+            conn_id=view.conn_id,
+            model=assign.model,
+            prompt=assign.prompt,
+            stream=assign.stream,
+            timeout_s=assign.timeout_s,
+            reply_to=self.me,
+        )
+        return [Dispatch(view.instance_id, envelope, request.placements)]
+
+    def _place_again(self, request: Request, why: GemmaNetError, now: float) -> list[Effect]:
+        """The last placement never reached a node: try another one, or end with an error."""
+        task_id = request.assign.task_id
+        self.tracker.forget(task_id)
+        if now >= request.deadline or request.placements >= MAX_PLACEMENTS:
+            return self._fail(task_id, why)
+        candidates = [
+            replace(v, in_flight=v.max_parallel) if v.conn_id in request.full else v
+            for v in self._views()
+            if v.conn_id not in request.gone_conns and v.instance_id not in request.gone_instances
+        ]
+        try:
+            view = choose_node(candidates, request.assign.model, rng=self._rng)
+        except GemmaNetError as exc:  # no other node: all_nodes_busy or no_node_for_model
+            return self._fail(task_id, exc)
+        moved = MovedEvent(view.node_id, view.conn_id, view.instance_id)
+        return [Deliver(task_id, moved), *self._place_on(request, view)]
+
+    def _fail(self, task_id: str, error: GemmaNetError) -> list[Effect]:
+        self._requests.pop(task_id, None)
+        self.tracker.close(task_id)
+        return [Deliver(task_id, FailedEvent(error))]
+
+    def _dispatching(self, task_id: str, placement: int) -> Request | None:
+        """The request whose ``placement``-th assign is on its way (an answer may already have
+        overtaken the dispatch's own report and placed the task again)."""
+        request = self._requests.get(task_id)
+        if request is None or not request.dispatching or request.placements != placement:
+            return None
+        return request
+
+    def dispatched(self, task_id: str, placement: int) -> list[Effect]:
+        """The owner received the assign. If it was declared dead meanwhile, the 502 is due."""
+        request = self._dispatching(task_id, placement)
+        if request is None:
+            return []
+        request.dispatching = False
+        if request.owner_died_meanwhile:
+            task = self.tracker.get(task_id)
+            owner = task.owner_instance if task else "?"
+            return self._fail(task_id, NodeDisconnected(f"instance {owner} went away"))
+        return []
+
+    def unreached(self, task_id: str, placement: int, instance_id: str, now: float) -> list[Effect]:
+        """Nobody received the assign (its owner is gone), so no node saw it: place again."""
+        request = self._dispatching(task_id, placement)
+        if request is None:
+            return []
+        request.dispatching = request.owner_died_meanwhile = False
+        request.gone_instances.add(instance_id)
+        why = NodeDisconnected(f"the instances serving model {request.assign.model!r} went away")
+        return self._place_again(request, why, now)
+
+    def dispatch_failed(
+        self, task_id: str, placement: int, instance_id: str, error: GemmaNetError, now: float
+    ) -> list[Effect]:
+        """The bus could not be reached: whether the owner got the assign is unknown. Fail the
+        request (503) and tell the owner, in case it did, that nobody waits for it."""
+        if self._dispatching(task_id, placement) is None:
+            return []
+        cancel = BusCancel(task_id=task_id, reason="coordination_unavailable")
+        return [*self._fail(task_id, error), Publish(instance_id, cancel, now + CANCEL_GIVE_UP_S)]
+
+    # -- answers ----------------------------------------------------------------------------
+
+    def chunk(self, envelope: BusChunk) -> list[Effect]:
+        task_id = envelope.task_id
+        verdict, deltas = self.tracker.on_chunk(
+            task_id, envelope.conn_id, envelope.seq, envelope.delta
+        )
+        effects: list[Effect] = [Deliver(task_id, ChunkEvent(d)) for d in deltas]
+        request = self._requests.get(task_id)
+        if verdict is Verdict.ACCEPTED and request is not None:
+            request.started = True
+        if verdict is Verdict.OVERFLOW:
+            task = self.tracker.get(task_id)
+            node = task.node_id if task else "?"
+            error = NodeFailed(f"node {node} sent chunks too far out of order")
+            effects += self._finish(task_id, envelope.conn_id, FailedEvent(error))
+        return effects
+
+    def result(self, envelope: BusResult, now: float) -> list[Effect]:
+        task_id, failure = envelope.task_id, envelope.failure
+        if failure is None:
+            return self._finish(task_id, envelope.conn_id, DoneEvent(envelope.output or ""))
+        error = failure_error(envelope.node_id, failure.code, failure.message)
+        request = self._requests.get(task_id)
+        task = self.tracker.get(task_id)
+        if (
+            failure.code in BUSY_CODES
+            and request is not None
+            and not request.started
+            and task is not None
+            and task.conn_id == envelope.conn_id
+        ):
+            # The node turned it down before producing anything: it never ran.
+            request.full.add(envelope.conn_id)
+            return self._place_again(request, error, now)
+        return self._finish(task_id, envelope.conn_id, FailedEvent(error))
+
+    def node_gone(self, envelope: BusNodeGone) -> list[Effect]:
+        reason = envelope.reason or "disconnected"
+        error = NodeDisconnected(f"node {envelope.node_id} went away during the task ({reason})")
+        return self._finish(envelope.task_id, envelope.conn_id, FailedEvent(error))
+
+    def refused(self, envelope: BusRefused, now: float) -> list[Effect]:
+        """The owner did not start the task: its node was full or gone. Place it again."""
+        request = self._requests.get(envelope.task_id)
+        task = self.tracker.get(envelope.task_id)
+        if request is None or task is None or task.conn_id != envelope.conn_id:
+            return []
+        request.dispatching = False
+        if envelope.code in BUSY_CODES:
+            request.full.add(envelope.conn_id)
+        else:
+            request.gone_conns.add(envelope.conn_id)
+        error = failure_error(envelope.node_id, envelope.code, envelope.message)
+        return self._place_again(request, error, now)
+
+    def _finish(self, task_id: str, conn_id: str, event: DoneEvent | FailedEvent) -> list[Effect]:
+        if self.tracker.on_finish(task_id, conn_id) is not Verdict.ACCEPTED:
+            return []
+        self._requests.pop(task_id, None)
+        return [Deliver(task_id, event)]
+
+    # -- endings the requester decides ------------------------------------------------------
+
+    def ended(self, task_id: str, outcome: str, now: float) -> list[Effect]:
+        """The request is done with its task (answered, failed, or its client left): if the
+        task still runs, its owner is told to stop it."""
+        self._requests.pop(task_id, None)
+        task = self.tracker.close(task_id)
+        if task is None:
+            return []
+        cancel = BusCancel(task_id=task_id, reason=outcome)
+        return [Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S)]
+
+    def owners_dead(self, dead: set[str], now: float, why: str | None = None) -> list[Effect]:
+        """Tasks waiting on a dead owner end now with 502. The owner is told too, in case it
+        was only frozen: it stops the task on its node when it resumes."""
+        effects: list[Effect] = []
+        doomed = [t for t in self.tracker.pending() if t.owner_instance in dead]
+        for task in doomed:
+            request = self._requests.get(task.task_id)
+            if request is not None and request.dispatching:
+                # Whether the assign reached anybody is not known yet; the dispatch decides.
+                request.owner_died_meanwhile = True
+                continue
+            message = why or f"instance {task.owner_instance} serving node {task.node_id} went away"
+            effects += self._fail(task.task_id, NodeDisconnected(message))
+            cancel = BusCancel(task_id=task.task_id, reason="owner_considered_dead")
+            effects.append(Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S))
+        return effects
+
+    def remote_tasks_lost(self, now: float) -> list[Effect]:
+        """Our inbox was lost: answers from other instances may be lost; fail those tasks."""
+        owners = {t.owner_instance for t in self.tracker.pending()} - {self.me}
+        return self.owners_dead(owners, now, "lost the instance bus; the answer may be lost")
+
+    def tick(self, now: float) -> list[Effect]:
+        """Safety net for tasks nobody ended (a client gone before its stream began)."""
+        effects: list[Effect] = []
+        for task in self.tracker.expired(now):
+            self._requests.pop(task.task_id, None)
+            error = TaskTimedOut(f"task {task.task_id} timed out")
+            effects.append(Deliver(task.task_id, FailedEvent(error)))
+            cancel = BusCancel(task_id=task.task_id, reason="task_timeout")
+            effects.append(Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S))
+        return effects
+
+    # -- views ------------------------------------------------------------------------------
+
+    def owners(self) -> set[str]:
+        """The other instances this instance waits on."""
+        return {t.owner_instance for t in self.tracker.pending()} - {self.me}
+
+    def pending_per_remote_conn(self) -> dict[str, int]:
+        pending: dict[str, int] = {}
+        for task in self.tracker.pending():
+            if task.owner_instance != self.me:
+                pending[task.conn_id] = pending.get(task.conn_id, 0) + 1
+        return pending
+
+    def placement(self, task_id: str) -> tuple[str, str, str] | None:
+        """(node, connection, owner instance) the task is placed on now."""
+        task = self.tracker.get(task_id)
+        return None if task is None else (task.node_id, task.conn_id, task.owner_instance)

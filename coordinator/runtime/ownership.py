@@ -1,0 +1,74 @@
+"""Which instance speaks for each node identity, recorded in the shared store.
+
+``node:owner:{node}`` holds "{instance} {conn_id}" of the connection that owns the identity,
+with the long ``owner_ttl_s``. A new connection swaps itself in and learns the previous owner
+(told to close with 4000 over the bus); every beat the instance re-reads the records of its
+nodes, so a replace envelope lost on the bus cannot leave an identity live on two instances.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.core import registry
+from coordinator.core.node_table import NodeConnection
+
+log = logging.getLogger("gemmanet.ownership")
+
+
+class Ownership:
+    def __init__(self, coordination: Coordination, instance_id: str, *, ttl_s: float) -> None:
+        self._coordination = coordination
+        self.me = instance_id
+        self._ttl_s = ttl_s
+        # Connections whose claim completed: only those are checked (a claim still in flight
+        # would otherwise look like a connection owned elsewhere).
+        self._claimed: set[str] = set()
+
+    async def claim(self, conn: NodeConnection) -> tuple[str, str] | None:
+        """Make ``conn`` the owner of its identity; returns the previous (instance, conn)."""
+        previous = await self._coordination.swap(
+            registry.owner_key(conn.node_id),
+            registry.owner_value(self.me, conn.conn_id),
+            ttl_s=self._ttl_s,
+        )
+        self._claimed.add(conn.conn_id)
+        return registry.parse_owner(previous)
+
+    async def release(self, node_id: str, conn_id: str) -> None:
+        """Drop our record, unless a newer connection already took it over."""
+        self._claimed.discard(conn_id)
+        try:
+            await self._coordination.compare_and_set(
+                registry.owner_key(node_id), registry.owner_value(self.me, conn_id), None
+            )
+        except CoordinationUnavailable:
+            pass  # it expires with its TTL
+
+    async def confirm(self, conn: NodeConnection) -> bool:
+        """Refresh our record, or take it back if it expired; False when owned elsewhere."""
+        key, mine = registry.owner_key(conn.node_id), registry.owner_value(self.me, conn.conn_id)
+        if await self._coordination.refresh_if(key, mine, self._ttl_s):
+            return True
+        return await self._coordination.compare_and_set(key, None, mine, ttl_s=self._ttl_s)
+
+    async def owned_elsewhere(self, conns: list[NodeConnection]) -> list[NodeConnection]:
+        """One read of our nodes' records: the connections whose identity is owned by another
+        connection now (a record that expired in a long freeze is claimed back)."""
+        conns = [c for c in conns if c.conn_id in self._claimed]
+        if not conns:
+            return []
+        values = await self._coordination.get_many([registry.owner_key(c.node_id) for c in conns])
+        lost = []
+        for conn, value in zip(conns, values, strict=True):
+            owner = registry.parse_owner(value)
+            if owner is None:
+                if not await self.confirm(conn):
+                    lost.append(conn)
+            elif owner != (self.me, conn.conn_id):
+                log.warning(
+                    "node %s is owned by %s now; closing our connection", conn.node_id, owner[0]
+                )
+                lost.append(conn)
+        return lost
