@@ -53,7 +53,10 @@ async def run_instance(
                 ", multi-instance" if settings.multi_instance else "",
             )
             task_status.started(instance)
-            await trio.sleep_forever()
+            try:
+                await trio.sleep_forever()
+            finally:
+                await instance.leave()
     finally:
         store.close()
 

@@ -120,21 +120,23 @@ class Instance:
             await self.coordination.ping()
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await nursery.start(self.recorder.run)
-                # Listen before announcing ourselves: an assign sent the moment we appear
-                # alive must find our inbox open.
-                await nursery.start(self._read_bus)
-                await nursery.start(self.outbox.run)
-                await nursery.start(self.membership.run)
-                nursery.start_soon(self._check_ownership)
-                nursery.start_soon(self._sweep)
-                nursery.start_soon(self._refresh_ratings)
-                task_status.started()
-        finally:
-            await self.membership.leave()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.recorder.run)
+            # Listen before announcing ourselves: an assign sent the moment we appear alive
+            # must find our inbox open.
+            await nursery.start(self._read_bus)
+            await nursery.start(self.outbox.run)
+            await nursery.start(self.membership.run)
+            nursery.start_soon(self._check_ownership)
+            nursery.start_soon(self._sweep)
+            nursery.start_soon(self._refresh_ratings)
+            task_status.started()
+
+    async def leave(self) -> None:
+        """A graceful stop: peers stop counting on us now rather than at the TTL. (A killed
+        process never gets here; its closed inbox tells the peers.)"""
+        await self.membership.leave()
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{self._ids.getrandbits(96):024x}"

@@ -106,7 +106,8 @@ class Membership:
 
     async def leave(self) -> None:
         """Leave politely: peers see us gone now rather than at the TTL."""
-        with trio.move_on_after(1), trio.CancelScope(shield=True):
+        # Shielded from the cancellation that stops us, but bounded: the deadline sits inside.
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
             try:
                 alive = registry.alive_key(self.me)
                 await self._coordination.compare_and_set(alive, self._alive_value, None)

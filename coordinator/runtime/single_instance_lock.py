@@ -45,7 +45,8 @@ async def hold_single_instance_lock(
             except CoordinationUnavailable as exc:
                 log.warning("could not refresh the single-instance lock: %s", exc)
     finally:
-        with trio.move_on_after(1), trio.CancelScope(shield=True):
+        # Shielded from the cancellation that stops us, but bounded: the deadline sits inside.
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
             try:
                 await coordination.compare_and_set(key, value, None)
             except CoordinationUnavailable:
