@@ -12,8 +12,7 @@ from quart_trio import QuartTrio
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.routes import register_routes
-from coordinator.coordination.factory import create_coordination
-from coordinator.runtime.bus import PubSubBus
+from coordinator.coordination.factory import create_bus, create_coordination
 from coordinator.runtime.cluster import Cluster, hold_single_instance_lock
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.node_socket import serve_node_socket
@@ -47,7 +46,9 @@ async def run_instance(
                     )
                 )
             if settings.multi_instance:
-                instance.cluster = Cluster(instance, coordination, make_bus(settings, coordination))
+                instance.cluster = Cluster(
+                    instance, coordination, create_bus(settings.bus, coordination)
+                )
             try:
                 await nursery.start(instance.run)
                 log.info(
@@ -63,14 +64,6 @@ async def run_instance(
                     await instance.cluster.aclose()
     finally:
         store.close()
-
-
-def make_bus(settings: Settings, coordination):  # type: ignore[no-untyped-def]
-    if settings.bus == "streams":
-        from coordinator.coordination.streams_bus import StreamsBus
-
-        return StreamsBus(coordination)
-    return PubSubBus(coordination)
 
 
 def create_app(settings: Settings | None = None) -> QuartTrio:

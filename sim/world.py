@@ -11,9 +11,10 @@ from typing import Any
 import trio
 import trio.testing
 
+from coordinator.coordination.factory import BUS_NAMES
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
+from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
 from coordinator.errors import GemmaNetError
-from coordinator.runtime.bus import PubSubBus
 from coordinator.runtime.cluster import Cluster, StartupRefused
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.node_socket import serve_node_socket
@@ -41,6 +42,8 @@ class SimConfig:
     rate_limit: tuple[int, float] = (8, 4.0)
     forgers: int = 1
     mutation: str | None = None
+    #: "pubsub" (at-most-once) or "streams" (durable inboxes, as GEMMANET_BUS=streams)
+    bus: str = "pubsub"
 
 
 @dataclass
@@ -61,8 +64,8 @@ class SimResult:
 
 
 class SimInstance:
-    def __init__(self, name: str, instance: Instance, gate: Gate) -> None:
-        self.name, self.instance, self.gate = name, instance, gate
+    def __init__(self, name: str, instance: Instance, gate: Gate, bus: MemoryBus) -> None:
+        self.name, self.instance, self.gate, self.bus = name, instance, gate, bus
         self.scope = trio.CancelScope()
         self.nursery: trio.Nursery | None = None
         self.pairs: list[SocketPair] = []
@@ -71,6 +74,8 @@ class SimInstance:
 
 class World:
     def __init__(self, seed: int, config: SimConfig) -> None:
+        if config.bus not in BUS_NAMES:
+            raise ValueError(f"unknown bus {config.bus!r}: expected one of {BUS_NAMES}")
         self.seed, self.config = seed, config
         self.rng = {
             name: random.Random(f"{seed}:{name}")
@@ -130,6 +135,7 @@ class World:
         self.trace = Trace(trio.current_time)
         self.trace.listeners.append(self._check_invariants)
         self.state = MemoryState(trio.current_time)
+        self.bus_hub = MemoryBusHub(trio.current_time)
         names = [f"I{i}" for i in range(self.config.instances)]
         node_ids = [f"N{i}" for i in range(self.config.nodes)]
         self.plan = FaultPlan.draw(
@@ -205,9 +211,12 @@ class World:
             wall_clock=trio.current_time,
             rng=random.Random(f"{self.seed}:instance:{name}"),
         )
-        bus = FaultyBus(PubSubBus(coordination), self.rng["bus"], self.root, self.chaos)
+        memory_bus = MemoryBus(
+            hub=self.bus_hub, durable=cfg.bus == "streams", before_io=coordination.passage
+        )
+        bus = FaultyBus(memory_bus, coordination, self.rng["bus"], self.root, self.chaos)
         instance.cluster = Cluster(instance, coordination, bus)
-        sim = SimInstance(name, instance, gate)
+        sim = SimInstance(name, instance, gate, memory_bus)
         self.instances[name] = sim
 
         async def life(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -387,6 +396,7 @@ class World:
         if sim is None or sim.crashed:
             return
         sim.crashed = True
+        sim.bus.kill()  # its durable inbox presence lingers until its TTL, as after kill -9
         sim.gate.thaw()
         self.trace.emit("owner.dead", instance=sim.name, since=trio.current_time())
         sim.scope.cancel()  # like kill -9: nothing runs any more, nothing is cleaned up

@@ -18,12 +18,12 @@ import msgspec
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination.bus import Bus
 from coordinator.core import registry
 from coordinator.core.forwarding import Forward, ForwardingTable
 from coordinator.core.node_table import NodeConnection
 from coordinator.core.placement import NodeView
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
-from coordinator.runtime.bus import Bus
 from coordinator.runtime.bus_outbox import BusOutbox
 from protocol import (
     Assign,
