@@ -82,7 +82,7 @@ def test_broken_variants_are_caught_and_replay_the_same_way(
     assert replayed["violation"]["invariant"] == invariant
 
 
-# Each sweep takes 14-32 s of wall time with --jobs 2 on the (shared) 2-core build machine, so the
+# Each sweep takes 14-40 s of wall time with --jobs 2 on the (shared) 2-core build machine, so the
 # streams bus gets the same 200 seeds as pub/sub.
 @pytest.mark.parametrize("bus", ["pubsub", "streams"])
 def test_a_sweep_of_200_seeds_is_green(tmp_path, bus: str) -> None:
