@@ -12,8 +12,8 @@ from quart_trio import QuartTrio
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.routes import register_routes
-from coordinator.coordination.factory import create_coordination
-from coordinator.runtime.bus import PubSubBus
+from coordinator.coordination.factory import create_bus, create_coordination
+from coordinator.coordination.memory_bus_hub import MemoryBusHub
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.single_instance_lock import hold_single_instance_lock
 from coordinator.settings import Settings
@@ -35,7 +35,10 @@ async def run_instance(
             clock=trio.current_time,
         )
         async with coordination, trio.open_nursery() as nursery:
-            instance = Instance(settings, store, coordination, make_bus(settings, coordination))
+            # Embedded (no Redis): the in-process bus; a single instance has no peers on it.
+            hub = None if settings.redis_url else MemoryBusHub(trio.current_time)
+            bus = create_bus(settings.bus, coordination, memory_hub=hub)
+            instance = Instance(settings, store, coordination, bus)
             if settings.redis_url and not settings.multi_instance:
                 await nursery.start(
                     lambda task_status: hold_single_instance_lock(
@@ -59,14 +62,6 @@ async def run_instance(
                 await instance.leave()
     finally:
         store.close()
-
-
-def make_bus(settings: Settings, coordination):  # type: ignore[no-untyped-def]
-    if settings.bus == "streams":
-        from coordinator.coordination.streams_bus import StreamsBus
-
-        return StreamsBus(coordination)
-    return PubSubBus(coordination)
 
 
 def create_app(settings: Settings | None = None) -> QuartTrio:

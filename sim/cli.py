@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from coordinator.coordination.factory import BUS_NAMES
 from sim.mutations import MUTATIONS
 from sim.trace import read_trace_header, write_trace
 from sim.world import SimConfig, SimResult, run_seed
@@ -26,7 +27,9 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     _config_flags(run)
     run.set_defaults(sim_handler=_run)
 
-    replay = sub.add_parser("replay", help="re-run the run recorded in a trace file")
+    replay = sub.add_parser(
+        "replay", help="re-run the run recorded in a trace file (same config, same bus)"
+    )
     replay.add_argument("file", type=Path)
     replay.add_argument("--json", action="store_true")
     replay.set_defaults(sim_handler=_replay)
@@ -45,6 +48,12 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=defaults.clients)
     parser.add_argument("--traffic-s", type=float, default=defaults.traffic_s)
     parser.add_argument(
+        "--bus",
+        choices=BUS_NAMES,
+        default=defaults.bus,
+        help="instance bus semantics: pubsub (at-most-once) or streams (durable inboxes)",
+    )
+    parser.add_argument(
         "--mutation",
         choices=sorted(MUTATIONS),
         help="run a deliberately broken variant (to show the simulator catches it)",
@@ -60,11 +69,14 @@ def _config(args: argparse.Namespace) -> SimConfig:
         clients=args.clients,
         traffic_s=args.traffic_s,
         mutation=args.mutation,
+        bus=args.bus,
     )
 
 
 def _trace_path(trace_dir: Path, seed: int, config: SimConfig) -> Path:
     suffix = f"-{config.mutation}" if config.mutation else ""
+    if config.bus != SimConfig().bus:
+        suffix += f"-{config.bus}"
     return trace_dir / f"seed-{seed}{suffix}.jsonl"
 
 
@@ -162,6 +174,7 @@ def _sweep(args: argparse.Namespace) -> int:
                 failing.append((result, trace))
     print(
         f"swept {len(seeds)} seeds ({seeds.start}-{seeds.stop - 1}"
+        f", bus {config.bus}"
         f"{', mutation ' + config.mutation if config.mutation else ''}): "
         f"{len(failing)} failing; {virtual:.0f} virtual s in {wall:.1f} wall s of work"
     )

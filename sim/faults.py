@@ -3,7 +3,9 @@
 Each instance reaches the shared coordination state and the bus through ``FaultyCoordination``
 and ``FaultyBus``: a freeze holds every call of that instance until it thaws (a SIGSTOP seen
 from outside), a store outage makes every call fail like an unreachable Redis, and bus chaos
-drops, delays or duplicates envelopes in flight."""
+drops, delays or duplicates envelopes in flight. The bus (a ``MemoryBus``) meets the freeze and
+the outage through ``FaultyCoordination.passage``, its ``before_io`` hook, and its inbox through
+``FaultyBus.listen``, so both strike the bus exactly as they strike the store."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from coordinator.coordination import (
     RateDecision,
     Subscription,
 )
-from coordinator.runtime.bus import Bus
+from coordinator.coordination.bus import Bus
+from coordinator.coordination.memory_bus import MemoryBus
 
 
 class Gate:
@@ -66,10 +69,23 @@ class StoreState:
 
 
 class _FaultySubscription(Subscription):
-    def __init__(self, inner: Subscription, owner: FaultyCoordination, epoch: int) -> None:
+    """An outage cuts the subscription (it raises ``CoordinationUnavailable``, as a lost
+    connection does); a freeze holds each message until the thaw."""
+
+    def __init__(
+        self,
+        inner: Subscription,
+        owner: FaultyCoordination,
+        epoch: int,
+        *,
+        keep_received: bool = False,
+    ) -> None:
         self._inner = inner.__aiter__()
         self._owner = owner
         self._epoch = epoch
+        # A durable inbox counts an entry as delivered once read: a cut noticed after that
+        # must not lose it (the next call raises instead). Pub/sub loses it, as Redis does.
+        self._keep_received = keep_received
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -83,9 +99,11 @@ class _FaultySubscription(Subscription):
                 payload = await self._inner.__anext__()
             finally:
                 waiting.remove(scope)
-        self._owner.check_cut(self._epoch)  # an outage cut the wait (or came meanwhile)
+        if scope.cancelled_caught or not self._keep_received:
+            self._owner.check_cut(self._epoch)  # an outage cut the wait (or came meanwhile)
         await self._owner.gate.wait()
-        self._owner.check_cut(self._epoch)
+        if not self._keep_received:
+            self._owner.check_cut(self._epoch)
         return payload
 
 
@@ -95,7 +113,8 @@ class FaultyCoordination(Coordination):
     def __init__(self, inner: Coordination, gate: Gate, store: StoreState) -> None:
         self.inner, self.gate, self.store = inner, gate, store
 
-    async def _pass(self) -> None:
+    async def passage(self) -> None:
+        """What every call of this instance meets first: its freeze, then a store outage."""
         await self.gate.wait()
         if self.store.down:
             raise CoordinationUnavailable("simulated coordination store outage")
@@ -105,51 +124,51 @@ class FaultyCoordination(Coordination):
             raise CoordinationUnavailable("simulated loss of the subscription")
 
     async def get(self, key: str) -> bytes | None:
-        await self._pass()
+        await self.passage()
         return await self.inner.get(key)
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        await self._pass()
+        await self.passage()
         return await self.inner.get_many(keys)
 
     async def set(
         self, key: str, value: bytes, *, ttl_s: float | None = None, only_if_absent: bool = False
     ) -> bool:
-        await self._pass()
+        await self.passage()
         return await self.inner.set(key, value, ttl_s=ttl_s, only_if_absent=only_if_absent)
 
     async def swap(self, key: str, value: bytes, *, ttl_s: float | None = None) -> bytes | None:
-        await self._pass()
+        await self.passage()
         return await self.inner.swap(key, value, ttl_s=ttl_s)
 
     async def compare_and_set(
         self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float | None = None
     ) -> bool:
-        await self._pass()
+        await self.passage()
         return await self.inner.compare_and_set(key, expected, value, ttl_s=ttl_s)
 
     async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
-        await self._pass()
+        await self.passage()
         return await self.inner.refresh_if(key, expected, ttl_s)
 
     async def delete(self, key: str) -> None:
-        await self._pass()
+        await self.passage()
         await self.inner.delete(key)
 
     async def incr(self, key: str, amount: int = 1, *, ttl_s: float | None = None) -> int:
-        await self._pass()
+        await self.passage()
         return await self.inner.incr(key, amount, ttl_s=ttl_s)
 
     async def keys_with_prefix(self, prefix: str) -> list[str]:
-        await self._pass()
+        await self.passage()
         return sorted(await self.inner.keys_with_prefix(prefix))
 
     async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
-        await self._pass()
+        await self.passage()
         return await self.inner.rate_limit(key, limit=limit, period_s=period_s)
 
     async def publish(self, channel: str, payload: bytes) -> int:
-        await self._pass()
+        await self.passage()
         return await self.inner.publish(channel, payload)
 
     def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
@@ -157,17 +176,17 @@ class FaultyCoordination(Coordination):
 
     @asynccontextmanager
     async def _subscribe(self, channel: str) -> AsyncIterator[Subscription]:
-        await self._pass()
+        await self.passage()
         epoch = self.store.epoch
         async with self.inner.subscribe(channel) as inner:
             yield _FaultySubscription(inner, self, epoch)
 
     async def subscriber_count(self, channel: str) -> int:
-        await self._pass()
+        await self.passage()
         return await self.inner.subscriber_count(channel)
 
     async def ping(self) -> None:
-        await self._pass()
+        await self.passage()
 
     async def aclose(self) -> None:
         pass
@@ -184,12 +203,20 @@ class BusChaos:
 
 
 class FaultyBus(Bus):
-    """Bus envelopes may be lost, delayed (and so reordered) or duplicated."""
+    """Bus envelopes may be lost, delayed (and so reordered) or duplicated; an outage of
+    ``faults``' store cuts the inbox, a freeze holds its messages. ``inner`` meets the freeze
+    and the outage on its other calls through ``faults.passage`` (``MemoryBus(before_io=…)``)."""
 
     def __init__(
-        self, inner: Bus, rng: random.Random, nursery: trio.Nursery, chaos: BusChaos
+        self,
+        inner: MemoryBus,
+        faults: FaultyCoordination,
+        rng: random.Random,
+        nursery: trio.Nursery,
+        chaos: BusChaos,
     ) -> None:
-        self.inner, self.rng, self.nursery, self.chaos = inner, rng, nursery, chaos
+        self.inner, self.faults = inner, faults
+        self.rng, self.nursery, self.chaos = rng, nursery, chaos
         self.dropped = self.duplicated = self.delayed = 0
 
     async def send(self, instance_id: str, payload: bytes) -> int:
@@ -217,7 +244,15 @@ class FaultyBus(Bus):
             pass
 
     def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
-        return self.inner.listen(instance_id)
+        return self._listen(instance_id)
+
+    @asynccontextmanager
+    async def _listen(self, instance_id: str) -> AsyncIterator[Subscription]:
+        async with self.inner.listen(instance_id) as inner:
+            # Opening passed ``faults.passage`` with no checkpoint since: this is the epoch
+            # the inbox was opened in.
+            epoch = self.faults.store.epoch
+            yield _FaultySubscription(inner, self.faults, epoch, keep_received=self.inner.durable)
 
     async def is_listening(self, instance_id: str) -> bool:
         return await self.inner.is_listening(instance_id)

@@ -11,9 +11,10 @@ from typing import Any
 import trio
 import trio.testing
 
+from coordinator.coordination.factory import BUS_NAMES
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
+from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
 from coordinator.errors import GemmaNetError, StartupRefused
-from coordinator.runtime.bus import PubSubBus
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings
 from sim import mutations
@@ -39,6 +40,8 @@ class SimConfig:
     rate_limit: tuple[int, float] = (8, 4.0)
     forgers: int = 1
     mutation: str | None = None
+    #: "pubsub" (at-most-once) or "streams" (durable inboxes, as GEMMANET_BUS=streams)
+    bus: str = "pubsub"
 
 
 @dataclass
@@ -59,8 +62,8 @@ class SimResult:
 
 
 class SimInstance:
-    def __init__(self, name: str, instance: Instance, gate: Gate) -> None:
-        self.name, self.instance, self.gate = name, instance, gate
+    def __init__(self, name: str, instance: Instance, gate: Gate, bus: MemoryBus) -> None:
+        self.name, self.instance, self.gate, self.bus = name, instance, gate, bus
         self.scope = trio.CancelScope()
         self.nursery: trio.Nursery | None = None
         self.pairs: list[SocketPair] = []
@@ -69,6 +72,8 @@ class SimInstance:
 
 class World:
     def __init__(self, seed: int, config: SimConfig) -> None:
+        if config.bus not in BUS_NAMES:
+            raise ValueError(f"unknown bus {config.bus!r}: expected one of {BUS_NAMES}")
         self.seed, self.config = seed, config
         self.rng = {
             name: random.Random(f"{seed}:{name}")
@@ -128,6 +133,7 @@ class World:
         self.trace = Trace(trio.current_time)
         self.trace.listeners.append(self._check_invariants)
         self.state = MemoryState(trio.current_time)
+        self.bus_hub = MemoryBusHub(trio.current_time)
         names = [f"I{i}" for i in range(self.config.instances)]
         node_ids = [f"N{i}" for i in range(self.config.nodes)]
         self.plan = FaultPlan.draw(
@@ -195,7 +201,10 @@ class World:
         coordination = FaultyCoordination(
             MemoryCoordination(trio.current_time, state=self.state), gate, self.store_state
         )
-        bus = FaultyBus(PubSubBus(coordination), self.rng["bus"], self.root, self.chaos)
+        memory_bus = MemoryBus(
+            hub=self.bus_hub, durable=cfg.bus == "streams", before_io=coordination.passage
+        )
+        bus = FaultyBus(memory_bus, coordination, self.rng["bus"], self.root, self.chaos)
         instance = Instance(
             settings,
             self.store,  # type: ignore[arg-type]
@@ -205,7 +214,7 @@ class World:
             wall_clock=trio.current_time,
             rng=random.Random(f"{self.seed}:instance:{name}"),
         )
-        sim = SimInstance(name, instance, gate)
+        sim = SimInstance(name, instance, gate, memory_bus)
         self.instances[name] = sim
 
         async def life(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -385,6 +394,7 @@ class World:
         if sim is None or sim.crashed:
             return
         sim.crashed = True
+        sim.bus.kill()  # its durable inbox presence lingers until its TTL, as after kill -9
         sim.gate.thaw()
         self.trace.emit("owner.dead", instance=sim.name, since=trio.current_time())
         sim.scope.cancel()  # like kill -9: nothing runs any more, nothing is cleaned up

@@ -1,4 +1,4 @@
-"""Pick the coordination backend from the settings.
+"""Pick the coordination backend and the instance bus from the settings.
 
 ``GEMMANET_REDIS_URL`` unset: the embedded memory backend (one instance). Set: Redis, with the
 password read from ``GEMMANET_REDIS_PASSWORD_FILE`` and every key under ``GEMMANET_KEY_PREFIX``.
@@ -15,12 +15,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from coordinator.coordination.base import Coordination
+from coordinator.coordination.bus import Bus, PubSubBus
 from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
 
 if TYPE_CHECKING:
     from coordinator.coordination.redis import RedisCoordination
 
-__all__ = ["create_coordination"]
+__all__ = ["BUS_NAMES", "create_bus", "create_coordination"]
+
+#: values of GEMMANET_BUS
+BUS_NAMES = ("pubsub", "streams")
 
 
 def create_coordination(
@@ -41,3 +47,20 @@ def create_coordination(
     return RedisCoordination.from_url_and_password_file(
         redis_url, password_file, key_prefix, op_timeout_s=op_timeout_s
     )
+
+
+def create_bus(
+    name: str, coordination: Coordination, *, memory_hub: MemoryBusHub | None = None
+) -> Bus:
+    """The instance bus ``name`` (``GEMMANET_BUS``): ``pubsub`` over ``coordination``'s
+    publish/subscribe, ``streams`` on Redis Streams. With ``memory_hub``, the in-process
+    ``MemoryBus`` on that hub instead, with the same semantics (durable for ``streams``)."""
+    if name not in BUS_NAMES:
+        raise ValueError(f"unknown bus {name!r}: expected one of {', '.join(BUS_NAMES)}")
+    if memory_hub is not None:
+        return MemoryBus(hub=memory_hub, durable=name == "streams")
+    if name == "streams":
+        from coordinator.coordination.streams_bus import StreamsBus
+
+        return StreamsBus(coordination)
+    return PubSubBus(coordination)

@@ -35,9 +35,9 @@ from typing import Any
 import trio
 
 from coordinator.coordination.base import Coordination, CoordinationUnavailable, Subscription
+from coordinator.coordination.bus import Bus
 from coordinator.coordination.redis import DedicatedConnection, RedisCoordination
 from coordinator.coordination.redis_scripts import LuaScript
-from coordinator.runtime.bus import Bus
 
 __all__ = ["StreamInbox", "StreamsBus"]
 

@@ -16,7 +16,7 @@ import msgspec
 import trio
 
 from coordinator.coordination import CoordinationUnavailable
-from coordinator.runtime.bus import Bus
+from coordinator.coordination.bus import Bus
 from protocol import encode
 
 log = logging.getLogger("gemmanet.bus")

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination.bus import Bus
 from coordinator.core import registry
 from coordinator.core.effects import (
     CloseNode,
@@ -53,7 +54,6 @@ from coordinator.errors import (
     RateLimited,
     StartupRefused,
 )
-from coordinator.runtime.bus import Bus
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.membership import Membership
 from coordinator.runtime.node_link import NodeLink

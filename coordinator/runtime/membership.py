@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination.bus import Bus
 from coordinator.core import registry
 from coordinator.core.registry import InstanceSnapshot
 from coordinator.errors import StartupRefused
-from coordinator.runtime.bus import Bus
 from coordinator.settings import Settings
 
 log = logging.getLogger("gemmanet.membership")

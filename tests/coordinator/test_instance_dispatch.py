@@ -13,11 +13,11 @@ import random
 import pytest
 import trio
 
+from coordinator.coordination.bus import PubSubBus
 from coordinator.coordination.memory import MemoryCoordination
 from coordinator.core import registry
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.errors import NoNodeForModel
-from coordinator.runtime.bus import PubSubBus
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings
 from sim.stand_ins import SimStore

@@ -1,5 +1,7 @@
-"""The Redis Streams instance bus (GEMMANET_BUS=streams) against a real redis-server: order,
-the "nobody there" signal, presence after a lost connection, resuming without loss, bounds."""
+"""What only the Redis Streams instance bus (GEMMANET_BUS=streams) has, against a real
+redis-server: nothing appended for nobody, the MAXLEN bound, a hung or restarted Redis. What it
+shares with the other buses (order, presence, resuming without loss) is in
+test_bus_contract.py, which also uses the helpers here."""
 
 from __future__ import annotations
 
@@ -67,116 +69,17 @@ async def test_refuses_a_non_redis_backend() -> None:
             StreamsBus(memory)
 
 
-async def test_send_then_listen_in_order(coordination: RedisCoordination) -> None:
-    bus = StreamsBus(coordination)
-    async with bus.listen("X") as inbox:
-        for i in range(5):
-            assert await bus.send("X", b"m%d" % i) == 1
-        assert await receive(inbox, 5) == [b"m%d" % i for i in range(5)]
-        # arrives while the reader is blocked in XREAD
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: bus.send("X", b"late"))
-            assert await receive(inbox, 1) == [b"late"]
-
-
-async def test_send_reports_whether_anybody_listens(
+async def test_send_to_nobody_appends_nothing(
     coordination: RedisCoordination, redis_server_session: RedisServer
 ) -> None:
     bus = StreamsBus(coordination)
-    assert await bus.is_listening("X") is False
     assert await bus.send("X", b"nobody") == 0
-    assert xlen(redis_server_session, coordination, "X") == 0  # nothing appended
+    assert xlen(redis_server_session, coordination, "X") == 0
     async with bus.listen("X") as inbox:
-        assert await bus.is_listening("X") is True
-        assert await StreamsBus(coordination).is_listening("X") is True  # any process sees it
         assert await bus.send("X", b"somebody") == 1
         assert await receive(inbox, 1) == [b"somebody"]
-    # closed on purpose: gone at once, not at the TTL
-    assert await bus.is_listening("X") is False
     assert await bus.send("X", b"after") == 0
     assert xlen(redis_server_session, coordination, "X") == 1
-
-
-async def test_listen_starts_at_the_end_of_the_stream(coordination: RedisCoordination) -> None:
-    earlier = StreamsBus(coordination)  # e.g. a previous process with the same instance id
-    async with earlier.listen("X"):
-        assert await earlier.send("X", b"old") == 1
-    bus = StreamsBus(coordination)
-    async with bus.listen("X") as inbox:
-        assert await bus.send("X", b"new") == 1
-        assert await receive(inbox, 1) == [b"new"]
-
-
-async def test_is_listening_goes_false_after_the_listener_connection_is_cut(
-    coordination: RedisCoordination, redis_server_session: RedisServer
-) -> None:
-    bus = StreamsBus(coordination)
-    async with bus.listen("X") as inbox:
-        await trio.sleep(0.6)  # let the presence be refreshed at least once
-        kill_listener_connection(redis_server_session, coordination, "X")
-        cut_at = time.monotonic()
-        with pytest.raises(CoordinationUnavailable, match="resumes after entry"):
-            await receive(inbox, 1)
-        assert time.monotonic() - cut_at < 0.5  # the reader notices at once
-    # Not deleted: what is sent meanwhile waits for a re-listen ...
-    assert await bus.is_listening("X") is True
-    # ... until the presence key expires (TTL 2 s after its last refresh).
-    with trio.fail_after(3):
-        while await bus.is_listening("X"):
-            await trio.sleep(0.05)
-    gone_after = time.monotonic() - cut_at
-    assert gone_after < 2.5, gone_after
-    assert await bus.send("X", b"too late") == 0
-
-
-async def test_listening_again_resumes_without_loss(
-    coordination: RedisCoordination, redis_server_session: RedisServer
-) -> None:
-    bus = StreamsBus(coordination)
-    async with bus.listen("X") as inbox:
-        assert await bus.send("X", b"a") == 1
-        assert await receive(inbox, 1) == [b"a"]
-        kill_listener_connection(redis_server_session, coordination, "X")
-        with pytest.raises(CoordinationUnavailable):
-            await receive(inbox, 1)
-    # Away: sends still land in the inbox (the presence key has not expired yet).
-    for payload in (b"b", b"c", b"d"):
-        assert await bus.send("X", payload) == 1
-    async with bus.listen("X") as inbox:
-        assert await bus.send("X", b"e") == 1
-        assert await receive(inbox, 4) == [b"b", b"c", b"d", b"e"]
-        with trio.move_on_after(0.2):  # and nothing twice
-            extra = await receive(inbox, 1)
-            raise AssertionError(f"unexpected {extra}")
-
-
-async def test_resumes_after_the_consumer_left_mid_batch(coordination: RedisCoordination) -> None:
-    bus = StreamsBus(coordination, read_count=100)
-    async with bus.listen("X") as inbox:
-        for i in range(10):
-            await bus.send("X", b"%d" % i)
-        assert await receive(inbox, 3) == [b"0", b"1", b"2"]  # 7 more were read, not delivered
-    # The next listen continues after the last entry delivered, not the last one read.
-    async with bus.listen("X") as inbox:
-        assert await receive(inbox, 7) == [b"%d" % i for i in range(3, 10)]
-
-
-async def test_a_thousand_messages_arrive_in_order(coordination: RedisCoordination) -> None:
-    bus = StreamsBus(coordination)
-    sent = [b"message %04d" % i for i in range(1000)]
-    async with bus.listen("X") as inbox:
-        started = time.monotonic()
-        async with trio.open_nursery() as nursery:
-
-            async def sender() -> None:
-                for payload in sent:
-                    assert await bus.send("X", payload) == 1
-
-            nursery.start_soon(sender)
-            got = await receive(inbox, len(sent), timeout_s=10)
-        elapsed = time.monotonic() - started
-    assert got == sent
-    print(f"1000 messages through the streams bus in {elapsed:.3f} s")
 
 
 async def test_maxlen_bounds_the_stream(

@@ -1,10 +1,15 @@
 """The instance bus: one inbox per instance, reached by instance id.
 
-``PubSubBus`` (default) rides on the coordination backend's publish/subscribe: lowest latency,
-at-most-once, and PUBLISH tells the sender how many inboxes received an envelope — a sender
-learns at once that the instance it addresses is gone. ``GEMMANET_BUS=streams`` selects the
-Redis Streams transport (coordinator/coordination/streams_bus.py), which survives a subscriber
-reconnect without losing what was sent meanwhile.
+``Bus`` is the interface; three implementations honour it, proven by one contract suite
+(tests/coordinator/test_bus_contract.py):
+
+* ``PubSubBus`` (here, default) rides on the coordination backend's publish/subscribe: lowest
+  latency, at-most-once, and PUBLISH tells the sender how many inboxes received an envelope — a
+  sender learns at once that the instance it addresses is gone.
+* ``StreamsBus`` (streams_bus.py, ``GEMMANET_BUS=streams``) on Redis Streams survives a
+  subscriber reconnect without losing what was sent meanwhile.
+* ``MemoryBus`` (memory_bus.py) in one process, for the embedded mode, tests and the simulator;
+  either of the two semantics above.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from __future__ import annotations
 import abc
 from contextlib import AbstractAsyncContextManager
 
-from coordinator.coordination import Coordination, Subscription
+from coordinator.coordination.base import Coordination, Subscription
+
+__all__ = ["INBOX_PREFIX", "Bus", "PubSubBus", "inbox"]
 
 INBOX_PREFIX = "inst:bus:"
 
 
 def inbox(instance_id: str) -> str:
+    """The pub/sub channel of ``instance_id``'s inbox."""
     return INBOX_PREFIX + instance_id
 
 
@@ -36,8 +44,13 @@ class Bus(abc.ABC):
 
 
 class PubSubBus(Bus):
+    """``Bus`` over a ``Coordination``'s publish/subscribe (Redis pub/sub in production)."""
+
     def __init__(self, coordination: Coordination) -> None:
         self._coordination = coordination
+
+    def __repr__(self) -> str:
+        return f"PubSubBus({self._coordination!r})"
 
     async def send(self, instance_id: str, payload: bytes) -> int:
         return await self._coordination.publish(inbox(instance_id), payload)
