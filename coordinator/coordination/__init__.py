@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from coordinator.coordination.base import (
     Coordination,
     CoordinationUnavailable,
+    PresenceEntry,
+    PresenceView,
     RateDecision,
     Subscription,
 )
@@ -24,6 +26,8 @@ __all__ = [
     "CoordinationUnavailable",
     "MemoryCoordination",
     "MemoryState",
+    "PresenceEntry",
+    "PresenceView",
     "RateDecision",
     "RedisCoordination",
     "Subscription",

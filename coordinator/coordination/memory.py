@@ -28,9 +28,11 @@ import trio
 from coordinator.coordination.base import (
     Coordination,
     CoordinationUnavailable,
+    PresenceView,
     RateDecision,
     Subscription,
 )
+from coordinator.coordination.memory_presence import PresenceRegistries
 
 __all__ = ["MemoryCoordination", "MemoryState", "MemorySubscription", "Sink"]
 
@@ -65,6 +67,7 @@ class MemoryState:
         self._rate_heap: list[tuple[float, str]] = []
         self._channels: dict[str, _Channel] = {}
         self._next_sink_id = 0
+        self.presence = PresenceRegistries()
         #: payloads lost because a subscriber's buffer was full
         self.dropped = 0
 
@@ -211,6 +214,25 @@ class MemoryState:
         retry_after = max(releasing + period_s - now, 0.0)
         return RateDecision(allowed=False, retry_after_s=retry_after, remaining=0)
 
+    def presence_beat(
+        self,
+        registry: str,
+        member: str,
+        data: bytes,
+        *,
+        stall_after_s: float,
+        forget_after_s: float,
+    ) -> PresenceView:
+        now = self._tick()
+        return self.presence.beat(
+            registry,
+            member,
+            data,
+            now=now,
+            stall_after_s=stall_after_s,
+            forget_after_s=forget_after_s,
+        )
+
     # -- bus ----------------------------------------------------------------------------------
 
     def add_subscriber(self, channel: str, sink: Sink) -> int:
@@ -259,6 +281,7 @@ class MemoryState:
             "rate_logs": len(self._rate_logs),
             "rate_heap": len(self._rate_heap),
             "channels": len(self._channels),
+            "presence": self.presence.size(),
         }
 
 
@@ -351,6 +374,26 @@ class MemoryCoordination(Coordination):
 
     async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
         return (await self._enter()).rate_limit(key, limit=limit, period_s=period_s)
+
+    async def presence_beat(
+        self,
+        registry: str,
+        member: str,
+        data: bytes,
+        *,
+        stall_after_s: float,
+        forget_after_s: float,
+    ) -> PresenceView:
+        return (await self._enter()).presence_beat(
+            registry, member, data, stall_after_s=stall_after_s, forget_after_s=forget_after_s
+        )
+
+    async def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
+        state = await self._enter()
+        return state.presence.read(registry, now=state._tick(), stall_after_s=stall_after_s)
+
+    async def presence_leave(self, registry: str, member: str) -> None:
+        (await self._enter()).presence.leave(registry, member)
 
     # -- bus ----------------------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ from coredis.exceptions import NoScriptError, RedisError, ResponseError
 from coordinator.coordination.base import (
     Coordination,
     CoordinationUnavailable,
+    PresenceEntry,
+    PresenceView,
     RateDecision,
     Subscription,
 )
@@ -53,6 +55,7 @@ from coordinator.coordination.redis_errors import (
 from coordinator.coordination.redis_scripts import (
     COMPARE_AND_SET,
     INCR_WITH_TTL,
+    PRESENCE,
     RATE_LIMIT,
     REFRESH_IF,
     LuaScript,
@@ -75,6 +78,10 @@ def _ttl_ms(ttl_s: float | None) -> str:
     if not ttl_s > 0:
         raise ValueError(f"ttl_s must be positive or None, got {ttl_s!r}")
     return str(max(1, round(ttl_s * 1000)))
+
+
+def _us(seconds: float) -> str:
+    return str(max(1, round(seconds * 1_000_000)))
 
 
 def _glob_escape(text: str) -> str:
@@ -133,8 +140,9 @@ class RedisCoordination(Coordination):
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         self._run_scope: trio.CancelScope | None = None
-        self._connection: BaseConnection | None = None
-        self._connect_lock = trio.Lock()
+        # One multiplexed connection per lane ("main": commands; "presence": beats and reads).
+        self._lanes: dict[str, BaseConnection] = {}
+        self._connect_locks: dict[str, trio.Lock] = {}
         self._live: set[BaseConnection] = set()
         self._closed = False
 
@@ -201,7 +209,7 @@ class RedisCoordination(Coordination):
         for connection in list(self._live):
             connection.invalidate("coordination closed")
         self._live.clear()
-        self._connection = None
+        self._lanes.clear()
         if self._run_scope is not None:
             self._run_scope.cancel()
 
@@ -249,27 +257,29 @@ class RedisCoordination(Coordination):
             log.info("Redis connection ended: %r", exc)
         finally:
             self._live.discard(connection)
-            if self._connection is connection:
-                self._connection = None
+            for lane, current in list(self._lanes.items()):
+                if current is connection:
+                    del self._lanes[lane]
 
-    async def _shared_connection(self) -> BaseConnection:
-        """The multiplexed connection all commands share, (re)opened on demand."""
-        connection = self._connection
+    async def _shared_connection(self, lane: str = "main") -> BaseConnection:
+        """The multiplexed connection of ``lane``, (re)opened on demand."""
+        connection = self._lanes.get(lane)
         if connection is not None and connection.usable:
             return connection
-        async with self._connect_lock:
-            connection = self._connection
+        lock = self._connect_locks.setdefault(lane, trio.Lock())
+        async with lock:
+            connection = self._lanes.get(lane)
             if connection is None or not connection.usable:
-                self._connection = None
+                self._lanes.pop(lane, None)
                 connection = await self._open_connection()
-                self._connection = connection
+                self._lanes[lane] = connection
             return connection
 
-    async def _request(self, op: _Operation, command: bytes, *args: Any) -> Any:
+    async def _request(self, op: _Operation, command: bytes, *args: Any, lane: str = "main") -> Any:
         """Send one command on the shared connection; one retry if the connection turned out
         to be dead before anything was sent."""
         for attempt in (1, 2):
-            connection = await self._shared_connection()
+            connection = await self._shared_connection(lane)
             try:
                 request = connection.create_request(command, *args, decode=False)
             except RedisConnectionError:
@@ -322,13 +332,19 @@ class RedisCoordination(Coordination):
     async def _command(self, what: str, command: bytes, *args: Any) -> Any:
         return await self._guarded(what, lambda op: self._request(op, command, *args))
 
-    async def _eval(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _eval(
+        self, script: LuaScript, keys: Sequence[str], args: Sequence[Any], *, lane: str = "main"
+    ) -> Any:
         async def operation(op: _Operation) -> Any:
             try:
-                return await self._request(op, b"EVALSHA", script.sha, len(keys), *keys, *args)
+                return await self._request(
+                    op, b"EVALSHA", script.sha, len(keys), *keys, *args, lane=lane
+                )
             except NoScriptError:
                 # A restarted server forgot its script cache; EVAL runs and caches it again.
-                return await self._request(op, b"EVAL", script.source, len(keys), *keys, *args)
+                return await self._request(
+                    op, b"EVAL", script.source, len(keys), *keys, *args, lane=lane
+                )
 
         return await self._guarded(script.name, operation)
 
@@ -435,6 +451,54 @@ class RedisCoordination(Coordination):
             retry_after_s=retry_us / 1_000_000,
             remaining=max(0, remaining),
         )
+
+    # -- presence -----------------------------------------------------------------------------
+    # Presence calls run on a connection of their own (the "presence" lane): a beat or a judge's
+    # read is never queued behind request traffic, a SCAN or a burst of publishes.
+
+    async def _presence(
+        self, registry: str, mode: bytes, member: str, data: bytes, stall_s: float, forget_s: float
+    ) -> PresenceView:
+        name = self._name(registry)
+        keys = [name, name + ":data", name + ":pulse", name + ":stalls"]
+        args = [member, data, _us(stall_s), _us(forget_s), mode]
+        reply = await self._eval(PRESENCE, keys, args, lane="presence")
+        now, previous, members, data_list, stalls = reply
+        entries = tuple(
+            PresenceEntry(
+                member=members[i].decode(),
+                last_beat=int(float(members[i + 1])) / 1e6,
+                data=data_list[i // 2] or b"",
+            )
+            for i in range(0, len(members), 2)
+        )
+        windows = []
+        for raw in stalls:
+            start, _, end = raw.partition(b":")
+            windows.append((int(start) / 1e6, int(end) / 1e6))
+        return PresenceView(
+            now=int(now) / 1e6,
+            entries=tuple(sorted(entries, key=lambda e: e.member)),
+            previous_beat=int(float(previous)) / 1e6 if previous else None,
+            stalls=tuple(windows),
+        )
+
+    async def presence_beat(
+        self,
+        registry: str,
+        member: str,
+        data: bytes,
+        *,
+        stall_after_s: float,
+        forget_after_s: float,
+    ) -> PresenceView:
+        return await self._presence(registry, b"beat", member, data, stall_after_s, forget_after_s)
+
+    async def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
+        return await self._presence(registry, b"read", "", b"", stall_after_s, 1.0)
+
+    async def presence_leave(self, registry: str, member: str) -> None:
+        await self._presence(registry, b"leave", member, b"", 1.0, 1.0)
 
     # -- bus ----------------------------------------------------------------------------------
 
