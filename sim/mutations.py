@@ -10,15 +10,15 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from unittest import mock
 
 from coordinator.core.tracker import TaskTracker, Verdict
-from coordinator.runtime.cluster import Cluster
+from coordinator.runtime.membership import Membership
 
 
 @contextmanager
 def _owner_sweeper_off() -> Iterator[None]:
-    async def everyone_alive(self: Cluster, instance_ids: list[str]) -> set[str]:
-        return set(instance_ids)
+    async def nobody_dead(self: Membership, instance_ids: list[str]) -> set[str]:
+        return set()
 
-    with mock.patch.object(Cluster, "_alive_among", everyone_alive):
+    with mock.patch.object(Membership, "dead_among", nobody_dead):
         yield
 
 

@@ -1,11 +1,9 @@
 """Membership of one instance in a shared Redis: heartbeat and registry, node ownership, the
 instance bus, and the sweepers that turn a dead peer into fast 502s.
 
-Timing (see Settings): the alive key is a heartbeat refreshed every ``beat_s`` with a TTL of
-``alive_ttl_s``; ownership keys keep the long ``owner_ttl_s``. A requester checks the owners of
-its pending tasks every ``beat_s``: an owner whose inbox has no listener (a killed process's
-socket closes at once) or whose alive key expired (a frozen process) is dead, and its tasks
-end with 502 within about ``alive_ttl_s + beat_s`` (2.5 s by default), well inside 3 s.
+Presence and the liveness judge live in ``membership.Membership``; this module asks it who is
+dead every ``sweep_s`` and carries out the consequences (502s, cancels on nodes). Ownership
+keys keep the long ``owner_ttl_s`` and are checked every beat.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from coordinator.core.placement import NodeView
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.runtime.bus import Bus
 from coordinator.runtime.bus_outbox import BusOutbox
+from coordinator.runtime.membership import Membership, StartupRefused
 from protocol import (
     Assign,
     BusAssign,
@@ -48,9 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gemmanet.cluster")
 
 
-class StartupRefused(Exception):
-    """This instance must not start (the single-instance lock is held elsewhere, or Redis
-    cannot be reached at start)."""
+__all__ = ["Cluster", "StartupRefused", "hold_single_instance_lock"]
 
 
 class Cluster:
@@ -62,15 +59,20 @@ class Cluster:
         self.bus = bus
         self.forwarding = ForwardingTable()
         self._clock = instance.clock
-        self._alive_value = self.me.encode()
-        self._snapshots: dict[str, InstanceSnapshot] = {}
+        self.membership = Membership(
+            coordination, bus, self.settings, snapshot=self._snapshot, clock=self._clock
+        )
+        self.membership.on_presence_lapsed = self._after_liveness_gap
         self._views: list[NodeView] | None = None
+        self._views_version = -1
         self._claimed: set[str] = set()  # conn ids whose ownership claim completed
         self._views_ratings: dict[str, tuple[float, int]] | None = None
         self.outbox = BusOutbox(bus, self._clock)
-        self._snapshot_dirty = trio.Event()
-        self.liveness_lost = 0
         self.bus_losses = 0
+
+    @property
+    def liveness_lost(self) -> int:
+        return self.membership.liveness_lost
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -83,26 +85,16 @@ class Cluster:
             # Listen before announcing ourselves: an assign sent the moment we appear alive
             # must find our inbox open.
             await nursery.start(self._read_bus)
-            try:
-                await self._announce()
-            except CoordinationUnavailable as exc:
-                raise StartupRefused(f"cannot register this instance in Redis: {exc}") from None
+            await nursery.start(self.membership.run)
             await nursery.start(self.outbox.run)
-            nursery.start_soon(self._heartbeat)
+            nursery.start_soon(self._watch_ownership)
             nursery.start_soon(self._refresh_ownership)
             nursery.start_soon(self._sweep)
             task_status.started()
 
     async def aclose(self) -> None:
         """Leave the cluster politely: peers see us gone now rather than at the TTL."""
-        with trio.move_on_after(1), trio.CancelScope(shield=True):
-            try:
-                await self.coordination.compare_and_set(
-                    registry.alive_key(self.me), self._alive_value, None
-                )
-                await self.coordination.delete(registry.snapshot_key(self.me))
-            except CoordinationUnavailable:
-                pass
+        await self.membership.leave()
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -125,18 +117,6 @@ class Cluster:
             ],
         )
 
-    async def _announce(self) -> None:
-        ttl = self.settings.alive_ttl_s
-        was_alive = await self.coordination.refresh_if(
-            registry.alive_key(self.me), self._alive_value, ttl
-        )
-        if not was_alive:
-            await self.coordination.set(registry.alive_key(self.me), self._alive_value, ttl_s=ttl)
-        await self.coordination.set(
-            registry.snapshot_key(self.me), registry.encode_snapshot(self._snapshot()), ttl_s=ttl
-        )
-        return None if was_alive else await self._after_liveness_gap()
-
     async def _after_liveness_gap(self) -> None:
         """Our alive key had expired (first start, a freeze, a Redis outage). Peers may have
         declared us dead and failed the tasks they forwarded here, and our nodes may have
@@ -145,7 +125,6 @@ class Cluster:
         for forward in dropped:
             self.instance.cancel_on_node(forward.conn_id, forward.task_id, "owner_lost_liveness")
         if dropped or self.instance.nodes.connections():
-            self.liveness_lost += 1
             log.warning(
                 "instance %s was considered dead; dropped %d forwarded task(s), re-checking "
                 "ownership of %d node(s)",
@@ -156,42 +135,31 @@ class Cluster:
         for conn in self.instance.nodes.connections():
             await self._confirm_ownership(conn)
 
-    async def _heartbeat(self) -> None:
+    async def _watch_ownership(self) -> None:
         while True:
-            with trio.move_on_after(self.settings.beat_s):
-                await self._snapshot_dirty.wait()
-            self._snapshot_dirty = trio.Event()
+            await trio.sleep(self.settings.beat_s)
             try:
-                await self._announce()
-                await self._refresh_peers()
                 await self._check_ownership()
             except CoordinationUnavailable as exc:
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("ownership check failed: %s", exc)
 
     def snapshot_changed(self) -> None:
         """A node came or went: publish the registry now, not at the next beat."""
-        self._snapshot_dirty.set()
-
-    async def _refresh_peers(self) -> None:
-        keys = await self.coordination.keys_with_prefix(registry.ALIVE_PREFIX)
-        alive = sorted(k[len(registry.ALIVE_PREFIX) :] for k in keys)
-        values = await self.coordination.get_many([registry.snapshot_key(i) for i in alive])
-        snapshots = {}
-        for instance_id, value in zip(alive, values, strict=True):
-            snap = registry.decode_snapshot(value) if value else None
-            if snap is not None:
-                snapshots[instance_id] = snap
-        self._snapshots = snapshots
-        self._views = None
+        self.membership.snapshot_changed()
 
     def peer_snapshots(self) -> list[InstanceSnapshot]:
         """Last known snapshots of the other live instances."""
-        return [s for i, s in sorted(self._snapshots.items()) if i != self.me]
+        return self.membership.peers()
 
     def remote_views(self, ratings: dict[str, tuple[float, int]]) -> list[NodeView]:
         """Placement candidates on peers: built once per registry refresh (placement runs on
         every request), corrected for the tasks this instance sent since the snapshot."""
-        if self._views is None or self._views_ratings is not ratings:
+        if (
+            self._views is None
+            or self._views_ratings is not ratings
+            or self._views_version != self.membership.version
+        ):
+            self._views_version = self.membership.version
             self._views = registry.remote_views(
                 self.peer_snapshots(), ratings, exclude_instance=self.me, pending_per_conn={}
             )
@@ -210,8 +178,7 @@ class Cluster:
         ]
 
     def forget_peer(self, instance_id: str) -> None:
-        if self._snapshots.pop(instance_id, None) is not None:
-            self._views = None
+        self.membership.forget_peer(instance_id)
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -314,23 +281,20 @@ class Cluster:
         on their nodes (nobody will read the answer; the node's slot and compute are freed at
         once rather than at the task's timeout), and expired forwards are dropped."""
         while True:
-            await trio.sleep(self.settings.beat_s)
+            await trio.sleep(self.settings.sweep_s)
             for forward in self.forwarding.expired(self._clock()):
                 self.instance.cancel_on_node(forward.conn_id, forward.task_id, "task_timeout")
             owners = {t.owner_instance for t in self.instance.tracker.pending()} - {self.me}
             requesters = self.forwarding.requesters() - {self.me}
             peers = sorted(owners | requesters)
-            if not peers:
-                continue
             try:
-                alive = await self._alive_among(peers)
+                # Even with no peers to judge: the judge must see Redis answer every sweep.
+                dead = await self.membership.dead_among(peers)
             except CoordinationUnavailable:
-                continue  # the bus reader handles a lost Redis
-            dead = set(peers) - alive
+                continue  # cannot tell: nobody is declared dead on a silent Redis
             if not dead:
                 continue
-            for instance_id in sorted(dead):
-                self.forget_peer(instance_id)
+            alive = set(peers) - dead
             if owners & dead:
                 self.instance.fail_tasks_of_dead_owners(alive | {self.me})
             for forward in self.forwarding.of_requesters(dead):
@@ -345,14 +309,6 @@ class Cluster:
                         reason="the requesting instance was considered dead",
                     ),
                 )
-
-    async def _alive_among(self, instance_ids: list[str]) -> set[str]:
-        values = await self.coordination.get_many([registry.alive_key(i) for i in instance_ids])
-        alive = set()
-        for instance_id, value in zip(instance_ids, values, strict=True):
-            if value is not None and await self.bus.is_listening(instance_id):
-                alive.add(instance_id)
-        return alive
 
     # -- owner side -------------------------------------------------------------------------
 

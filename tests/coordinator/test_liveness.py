@@ -167,6 +167,4 @@ def test_own_presence_lapses_only_outside_server_stalls() -> None:
         previous_beat=100.0, now=103.5, stalls=[(100.2, 103.2)], alive_ttl_s=ttl
     )
     # ... but a long silence before the pause still counts.
-    assert presence_lapsed(
-        previous_beat=100.0, now=106.5, stalls=[(102.5, 106.0)], alive_ttl_s=ttl
-    )
+    assert presence_lapsed(previous_beat=100.0, now=106.5, stalls=[(102.5, 106.0)], alive_ttl_s=ttl)
