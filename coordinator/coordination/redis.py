@@ -122,6 +122,7 @@ class RedisCoordination(Coordination):
         password: str | None = None,
         op_timeout_s: float = 1.0,
         subscription_keepalive_s: float = 5.0,
+        subscription_stall_s: float = 10.0,
         subscriber_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
     ) -> None:
         if not op_timeout_s > 0:
@@ -130,6 +131,8 @@ class RedisCoordination(Coordination):
         self.key_prefix = key_prefix
         self.op_timeout_s = op_timeout_s
         self.subscription_keepalive_s = subscription_keepalive_s
+        #: how long an idle subscription's PING may go unanswered before it counts as lost
+        self.subscription_stall_s = subscription_stall_s
         self._prefix = f"{key_prefix}:"
         self._subscriber_buffer = subscriber_buffer
         extra: dict[str, Any] = {"connect_timeout": op_timeout_s}
