@@ -105,6 +105,8 @@ class Settings:
             "heartbeat_interval_s": min(
                 _number(env, "GEMMANET_HEARTBEAT_S", 2.0, minimum=0.05), 60.0
             ),
+            "alive_ttl_s": _number(env, "GEMMANET_ALIVE_TTL_S", cls.alive_ttl_s, minimum=0.1),
+            "sweep_s": _number(env, "GEMMANET_SWEEP_S", cls.sweep_s, minimum=0.05),
         }
         instance_id = env.get("GEMMANET_INSTANCE_ID", "").strip()
         if instance_id:

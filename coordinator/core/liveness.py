@@ -27,11 +27,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "FAILOVER_PROMISE_S",
     "LivenessJudge",
     "LivenessTiming",
     "failover_bound_s",
     "presence_lapsed",
 ]
+
+
+#: The product's promise: a dead owner's tasks end with 502 on a peer within this many seconds.
+FAILOVER_PROMISE_S = 3.0
 
 
 def failover_bound_s(
@@ -92,6 +97,15 @@ class LivenessTiming:
             sweep_s=self.sweep_s,
             stall_slack_s=self.stall_slack_s,
             responsive_rtt_s=self.responsive_rtt_s,
+        )
+
+    def bound_sum(self) -> str:
+        """The bound's arithmetic, term by term, for a one-line refusal."""
+        t = self
+        return (
+            f"responsive_rtt_s {t.responsive_rtt_s:g} + alive_ttl_s {t.alive_ttl_s:g} + "
+            f"sweep_s {t.sweep_s:g} + stall_slack_s {t.stall_slack_s:g} + "
+            f"responsive_rtt_s {t.responsive_rtt_s:g} = {t.failover_bound_s:.2f} s"
         )
 
     def problems(self) -> list[str]:
