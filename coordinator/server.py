@@ -12,7 +12,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
-from coordinator.errors import StartupRefused
+from coordinator.core.liveness import FAILOVER_PROMISE_S
+from coordinator.errors import SettingsError, StartupRefused
 from coordinator.settings import Settings
 from coordinator.store import StoreError
 from protocol import MAX_ENVELOPE_BYTES
@@ -41,7 +42,22 @@ def _startup_refusal(exc: BaseException) -> Exception | None:
     return None
 
 
+def check_failover_bound(settings: Settings) -> None:
+    """Refuse liveness settings that cannot keep the 3 s failover promise, in one line."""
+    timing = settings.liveness_timing()
+    problems = timing.problems()
+    if timing.failover_bound_s > FAILOVER_PROMISE_S + 1e-9:
+        problems.insert(
+            0,
+            f"failover bound {timing.bound_sum()} exceeds the promised "
+            f"{FAILOVER_PROMISE_S:g} s (GEMMANET_ALIVE_TTL_S, GEMMANET_SWEEP_S)",
+        )
+    if problems:
+        raise SettingsError("liveness settings refused: " + "; ".join(problems))
+
+
 def serve(settings: Settings, *, host: str, port: int) -> int:
+    check_failover_bound(settings)
     app = create_app(settings)
     config = hypercorn_config(host, port)
 

@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from coordinator.core.liveness import LivenessTiming
 from coordinator.errors import SettingsError
 
 _PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
@@ -73,6 +74,13 @@ class Settings:
     owner_ttl_s: float = 15.0
     forward_grace_s: float = 5.0
     lock_ttl_s: float = 10.0
+    # Liveness (coordinator/core/liveness.py): a judge read further than sweep_s +
+    # stall_slack_s after the previous one, or slower than responsive_rtt_s, is a stall of Redis
+    # or of the judge, and restarts every peer's TTL. `gemmanet serve` refuses settings whose
+    # failover bound exceeds the promised 3 s.
+    sweep_s: float = 0.5
+    stall_slack_s: float = 0.2
+    responsive_rtt_s: float = 0.1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -97,6 +105,8 @@ class Settings:
             "heartbeat_interval_s": min(
                 _number(env, "GEMMANET_HEARTBEAT_S", 2.0, minimum=0.05), 60.0
             ),
+            "alive_ttl_s": _number(env, "GEMMANET_ALIVE_TTL_S", cls.alive_ttl_s, minimum=0.1),
+            "sweep_s": _number(env, "GEMMANET_SWEEP_S", cls.sweep_s, minimum=0.05),
         }
         instance_id = env.get("GEMMANET_INSTANCE_ID", "").strip()
         if instance_id:
@@ -115,6 +125,15 @@ class Settings:
                 "GEMMANET_MULTI_INSTANCE=1 needs GEMMANET_REDIS_URL: instances can only share "
                 "nodes through Redis/Valkey"
             )
+
+    def liveness_timing(self) -> LivenessTiming:
+        return LivenessTiming(
+            beat_s=self.beat_s,
+            alive_ttl_s=self.alive_ttl_s,
+            sweep_s=self.sweep_s,
+            stall_slack_s=self.stall_slack_s,
+            responsive_rtt_s=self.responsive_rtt_s,
+        )
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]

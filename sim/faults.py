@@ -19,6 +19,7 @@ import trio
 from coordinator.coordination import (
     Coordination,
     CoordinationUnavailable,
+    PresenceView,
     RateDecision,
     Subscription,
 )
@@ -166,6 +167,28 @@ class FaultyCoordination(Coordination):
     async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
         await self.passage()
         return await self.inner.rate_limit(key, limit=limit, period_s=period_s)
+
+    async def presence_beat(
+        self,
+        registry: str,
+        member: str,
+        data: bytes,
+        *,
+        stall_after_s: float,
+        forget_after_s: float,
+    ) -> PresenceView:
+        await self.passage()
+        return await self.inner.presence_beat(
+            registry, member, data, stall_after_s=stall_after_s, forget_after_s=forget_after_s
+        )
+
+    async def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
+        await self.passage()
+        return await self.inner.presence_read(registry, stall_after_s=stall_after_s)
+
+    async def presence_leave(self, registry: str, member: str) -> None:
+        await self.passage()
+        await self.inner.presence_leave(registry, member)
 
     async def publish(self, channel: str, payload: bytes) -> int:
         await self.passage()

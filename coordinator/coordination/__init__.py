@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from coordinator.coordination.base import (
     Coordination,
     CoordinationUnavailable,
+    PresenceEntry,
+    PresenceView,
     RateDecision,
     Subscription,
 )
@@ -33,6 +35,8 @@ __all__ = [
     "MemoryBusHub",
     "MemoryCoordination",
     "MemoryState",
+    "PresenceEntry",
+    "PresenceView",
     "PubSubBus",
     "RateDecision",
     "RedisCoordination",

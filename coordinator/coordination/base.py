@@ -36,6 +36,31 @@ class RateDecision:
     remaining: int
 
 
+@dataclass(frozen=True, slots=True)
+class PresenceEntry:
+    """One member of a presence registry."""
+
+    member: str
+    #: backend time of the member's last beat, in seconds (Redis: server TIME)
+    last_beat: float
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceView:
+    """A presence registry as one atomic call saw it."""
+
+    #: backend time at which the call ran, in seconds (Redis: server TIME)
+    now: float
+    #: every member not yet forgotten, sorted by member (stale ones included: the caller judges)
+    entries: tuple[PresenceEntry, ...]
+    #: ``presence_beat`` only: the member's own previous beat (None: absent or forgotten)
+    previous_beat: float | None = None
+    #: ``presence_beat`` only: windows ``(start, end)`` after ``previous_beat`` in which no
+    #: presence call on this registry ran for longer than ``stall_after_s`` (backend stalled)
+    stalls: tuple[tuple[float, float], ...] = ()
+
+
 class Subscription(abc.ABC):
     """Messages of one channel, in publish order, from the moment of subscribing."""
 
@@ -105,6 +130,33 @@ class Coordination(abc.ABC):
         ``limit`` calls were allowed for ``key`` in the last ``period_s`` seconds, so no window of
         ``period_s`` ever holds more than ``limit`` allowed calls. Decided atomically against one
         clock (Redis: server TIME). Refused calls are not recorded."""
+
+    # -- presence ---------------------------------------------------------------------------------
+    # A registry of members, each stamped with the backend's own clock at its last beat, so that
+    # every reader compares beats against one clock. Every presence call also records, on that
+    # clock, the windows in which no presence call ran for longer than ``stall_after_s``: a
+    # backend that was stalled (SIGSTOPped, unreachable for everyone) leaves that trace.
+
+    @abc.abstractmethod
+    async def presence_beat(
+        self,
+        registry: str,
+        member: str,
+        data: bytes,
+        *,
+        stall_after_s: float,
+        forget_after_s: float,
+    ) -> PresenceView:
+        """Stamp ``member`` with the backend's time and store ``data`` with it; forget members
+        whose last beat is older than ``forget_after_s``; return the registry as it is now."""
+
+    @abc.abstractmethod
+    async def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
+        """The registry now (``previous_beat`` None, ``stalls`` empty)."""
+
+    @abc.abstractmethod
+    async def presence_leave(self, registry: str, member: str) -> None:
+        """Remove ``member`` at once (a graceful exit)."""
 
     # -- bus ----------------------------------------------------------------------------------
 

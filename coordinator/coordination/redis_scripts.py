@@ -12,6 +12,7 @@ from dataclasses import dataclass
 __all__ = [
     "COMPARE_AND_SET",
     "INCR_WITH_TTL",
+    "PRESENCE",
     "RATE_LIMIT",
     "REFRESH_IF",
     "LuaScript",
@@ -104,5 +105,57 @@ local releasing = redis.call('ZRANGE', KEYS[1], count - limit, count - limit, 'W
 local retry = tonumber(releasing[2]) + period - now
 if retry < 0 then retry = 0 end
 return {0, retry, 0}
+""",
+)
+
+# A presence registry: KEYS[1] a sorted set member -> last beat (server TIME, microseconds),
+# KEYS[2] a hash member -> data, KEYS[3] the pulse (time of the last presence call), KEYS[4] a
+# sorted set of stall windows "start:end" scored by end. Every call compares the pulse with now
+# and records a stall when no presence call ran for longer than ARGV[3] microseconds.
+# ARGV[1] member, ARGV[2] data, ARGV[3] stall_after_us, ARGV[4] forget_after_us,
+# ARGV[5] "beat" | "read" | "leave".
+# Returns {now, previous beat or "", {member, score, ...}, {data, ...}, {stall, ...}}.
+PRESENCE = _script(
+    "presence",
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local nows = string.format('%.0f', now)
+local mode = ARGV[5]
+if mode == 'leave' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return {nows, '', {}, {}, {}}
+end
+local pulse = tonumber(redis.call('GET', KEYS[3]))
+if pulse and now - pulse > tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[4], nows, string.format('%.0f', pulse) .. ':' .. nows)
+end
+redis.call('SET', KEYS[3], nows)
+local previous = ''
+local stalls = {}
+if mode == 'beat' then
+  local horizon = '(' .. string.format('%.0f', now - tonumber(ARGV[4]))
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', horizon)
+  local forgotten = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', horizon)
+  if #forgotten > 0 then
+    redis.call('ZREM', KEYS[1], unpack(forgotten))
+    redis.call('HDEL', KEYS[2], unpack(forgotten))
+  end
+  previous = redis.call('ZSCORE', KEYS[1], ARGV[1]) or ''
+  redis.call('ZADD', KEYS[1], nows, ARGV[1])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  if previous ~= '' then
+    stalls = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. previous, '+inf')
+  end
+end
+local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local data = {}
+if #members > 0 then
+  local names = {}
+  for i = 1, #members, 2 do names[#names + 1] = members[i] end
+  data = redis.call('HMGET', KEYS[2], unpack(names))
+end
+return {nows, previous, members, data, stalls}
 """,
 )

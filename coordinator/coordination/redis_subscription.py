@@ -3,6 +3,12 @@
 A pump task moves push messages from the connection into a bounded channel (a full buffer drops
 and counts, like the memory backend). The iterator raises ``CoordinationUnavailable`` when the
 connection is lost, and PINGs while idle so that a hung server (no FIN) is noticed too.
+
+Only a real loss counts: a subscription whose connection is intact has lost nothing, however
+long Redis was paused (TCP keeps what was published; a paused server publishes nothing). So the
+idle PING may wait ``subscription_stall_s`` (10 s by default), not the 1 s operation timeout:
+a Redis SIGSTOPped for a few seconds must not make an instance fail its cross-instance tasks.
+A closed or reset connection is still reported at once.
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ class RedisSubscription(Subscription):
         try:
             if connection is None:
                 raise RedisConnectionError("subscription has no connection")
-            with trio.fail_after(self._owner.op_timeout_s):
+            with trio.fail_after(self._owner.subscription_stall_s):
                 await connection.create_request(b"PING", decode=False)
         except KEEPALIVE_FAILURES as exc:
             if connection is not None:

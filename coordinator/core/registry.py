@@ -3,8 +3,10 @@ the cluster-wide view built from those snapshots. Pure: the shell reads and writ
 
 Keys (relative to GEMMANET_KEY_PREFIX):
 
-    inst:alive:{instance}   the instance heartbeat (short TTL): the instance is alive
-    inst:nodes:{instance}   InstanceSnapshot of the instance (same TTL)
+    inst:registry           presence registry (Coordination.presence_*): each instance's last
+                            beat on the backend's clock, with its InstanceSnapshot as the data
+                            (one atomic write per beat; the snapshot lives exactly as long as
+                            the beat that carries it, so a Redis pause cannot expire it alone)
     node:owner:{node}       "{instance} {conn_id}" of the connection that owns the identity
     lock:single-instance    the instance id holding the single-instance lock
 """
@@ -17,18 +19,9 @@ import msgspec
 
 from coordinator.core.placement import NodeView
 
-ALIVE_PREFIX = "inst:alive:"
-SNAPSHOT_PREFIX = "inst:nodes:"
+PRESENCE = "inst:registry"
 OWNER_PREFIX = "node:owner:"
 SINGLE_INSTANCE_LOCK = "lock:single-instance"
-
-
-def alive_key(instance_id: str) -> str:
-    return ALIVE_PREFIX + instance_id
-
-
-def snapshot_key(instance_id: str) -> str:
-    return SNAPSHOT_PREFIX + instance_id
 
 
 def owner_key(node_id: str) -> str:

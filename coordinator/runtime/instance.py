@@ -106,7 +106,6 @@ class Instance:
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
-        self.liveness_lost = 0
         self.bus_losses = 0
 
     @property
@@ -152,29 +151,28 @@ class Instance:
             pass
 
     async def _sweep(self) -> None:
-        """Every beat: deadlines, silent nodes, and the liveness of the peers we depend on."""
-        beat = self.settings.beat_s
+        """Every ``sweep_s``: deadlines, silent nodes, and the liveness of the peers we depend
+        on (the judge reads even with nobody to judge: it must see Redis answer every sweep to
+        tell a paused Redis from a dead peer)."""
+        sweep = self.settings.sweep_s
         heartbeat = self.settings.heartbeat_interval_s
         silence_deadline = heartbeat * self.settings.heartbeat_misses
         last_tick = self.clock()
         judge_silence_from = last_tick
         while True:
-            await trio.sleep(beat)
+            await trio.sleep(sweep)
             now = self.clock()
-            if now - last_tick > 2 * max(beat, heartbeat):
+            if now - last_tick > 2 * max(sweep, heartbeat):
                 # This process was frozen (SIGSTOP, swapping, a debugger): the nodes'
                 # heartbeats are still waiting in the sockets. Read them before judging.
                 judge_silence_from = now + heartbeat
             last_tick = now
             silence = silence_deadline if now >= judge_silence_from else None
             self._apply(self.machine.tick(now, silence_deadline_s=silence))
-            peers = self.machine.peers_of_interest()
-            if not peers:
-                continue
             try:
-                dead = await self.membership.dead_among(peers)
+                dead = await self.membership.dead_among(self.machine.peers_of_interest())
             except CoordinationUnavailable:
-                continue  # cannot tell; the bus reader handles a lost Redis
+                continue  # cannot tell: nobody is declared dead on a silent Redis
             if dead:
                 self.peers_died(dead)
 
@@ -196,7 +194,6 @@ class Instance:
         dropped = self.machine.owner.forwarding.remote_count(self.instance_id)
         self._apply(self.machine.presence_lapsed(self.clock()))
         if dropped or len(self.nodes):
-            self.liveness_lost += 1
             log.warning(
                 "instance %s was considered dead; dropped %d forwarded task(s), re-checking "
                 "ownership of %d node(s)",
@@ -545,7 +542,7 @@ class Instance:
             "local_in_flight": len(self.machine.requester),
             "dropped_answers": self.machine.dropped_answers(),
             "forwarded_in_flight": forwarding.remote_count(self.instance_id),
-            "liveness_lost": self.liveness_lost,
+            "liveness_lost": self.membership.liveness_lost,
             "bus_losses": self.bus_losses,
         }
 

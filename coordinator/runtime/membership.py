@@ -1,9 +1,21 @@
-"""This instance's presence in the shared registry, and its view of its peers.
+"""Membership: the I/O of one instance's presence in a shared coordination backend.
 
-Each beat (``beat_s``) the instance refreshes its alive key (TTL ``alive_ttl_s``) and publishes a
-snapshot of its nodes, then reads the live peers' snapshots. ``dead_among`` judges peers: an
-instance whose inbox has no listener (a killed process's socket closes at once) or whose alive
-key expired (a frozen process) is dead.
+``Membership`` owns everything about "who is in the cluster and who is dead":
+
+* it beats into the presence registry (``registry.PRESENCE``) every ``beat_s`` (and at once
+  after ``snapshot_changed``), publishing the instance's snapshot with the beat: one atomic
+  call, stamped with the backend's clock, on a connection of its own (Redis);
+* it keeps the last snapshots of the peers that beat recently (``peers``), judged by the same
+  stall-aware rule as deaths, so a paused Redis does not empty the placement view;
+* it answers ``dead_among`` for the requester and owner sweeps: an inbox with no listener is
+  dead at once; a peer that stopped beating is dead once its silence exceeds the TTL counted
+  over responsive time only (``coordinator/core/liveness.py``);
+* it notices when its *own* presence lapsed while Redis served the others (our process froze
+  or lost Redis alone): peers may have declared us dead, so ``on_presence_lapsed`` runs and
+  ``liveness_lost`` counts it. A Redis pause is not such a lapse.
+
+The decisions are the pure ``LivenessJudge`` and ``presence_lapsed``; this class only reads,
+measures round trips with the injected clock, and feeds them.
 """
 
 from __future__ import annotations
@@ -13,17 +25,26 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import Coordination, CoordinationUnavailable, PresenceView
 from coordinator.coordination.bus import Bus
 from coordinator.core import registry
+from coordinator.core.liveness import LivenessJudge, presence_lapsed
 from coordinator.core.registry import InstanceSnapshot
 from coordinator.errors import StartupRefused
 from coordinator.settings import Settings
 
+__all__ = ["FORGET_AFTER_S", "Membership"]
+
 log = logging.getLogger("gemmanet.membership")
+
+#: A member silent this long is removed from the registry (a dead peer's snapshot must not
+#: linger; far longer than any stall we ride out, so a paused Redis forgets nobody).
+FORGET_AFTER_S = 60.0
 
 
 class Membership:
+    """Presence of this instance and the liveness of its peers (see the module docstring)."""
+
     def __init__(
         self,
         coordination: Coordination,
@@ -33,84 +54,132 @@ class Membership:
         snapshot: Callable[[], InstanceSnapshot],
         clock: Callable[[], float],
     ) -> None:
-        self._coordination, self._bus, self._settings = coordination, bus, settings
+        self.coordination = coordination
+        self.bus = bus
+        self.settings = settings
         self.me = settings.instance_id
+        self.timing = settings.liveness_timing()
         self._snapshot = snapshot
         self._clock = clock
-        self._alive_value = self.me.encode()
+        # Deaths are judged on the sweep's own reads (that is what the bound is computed on);
+        # the beat's reads, with the same rule, only decide whom placement may use.
+        self._judge = LivenessJudge(self.timing)
+        self._beat_view = LivenessJudge(self.timing)
         self._peers: dict[str, InstanceSnapshot] = {}
         self._dirty = trio.Event()
+        #: called (awaited) when our presence lapsed long enough that peers may have declared
+        #: us dead: drop what we forward for them, re-check ownership of our nodes
         self.on_presence_lapsed: Callable[[], Awaitable[None]] | None = None
+        #: how often our own presence lapsed (see ``on_presence_lapsed``)
+        self.liveness_lost = 0
+        #: bumped whenever ``peers`` may have changed (callers cache views on it)
+        self.version = 0
+        #: told the live peers' snapshots after every beat (the placement view)
         self.on_peers: Callable[[list[InstanceSnapshot]], None] | None = None
 
+    # -- lifecycle --------------------------------------------------------------------------
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Announce ourselves (``StartupRefused`` if Redis cannot take it), then beat."""
         try:
-            await self._announce(first=True)
+            await self._beat(first=True)
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot register this instance in Redis: {exc}") from None
         task_status.started()
         while True:
-            with trio.move_on_after(self._settings.beat_s):
+            with trio.move_on_after(self.timing.beat_s):
                 await self._dirty.wait()
             self._dirty = trio.Event()
             try:
-                await self._announce(first=False)
-                await self._refresh_peers()
+                await self._beat()
             except CoordinationUnavailable as exc:
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("presence beat failed: %s", exc)
 
     def snapshot_changed(self) -> None:
-        """A node came or went: publish the registry now, not at the next beat."""
+        """A node came or went: publish the snapshot now, not at the next beat."""
         self._dirty.set()
 
-    async def _announce(self, *, first: bool) -> None:
-        ttl, key = self._settings.alive_ttl_s, registry.alive_key(self.me)
-        was_alive = await self._coordination.refresh_if(key, self._alive_value, ttl)
-        if not was_alive:
-            await self._coordination.set(key, self._alive_value, ttl_s=ttl)
-        snapshot = registry.encode_snapshot(self._snapshot())
-        await self._coordination.set(registry.snapshot_key(self.me), snapshot, ttl_s=ttl)
-        if not was_alive and not first and self.on_presence_lapsed is not None:
-            await self.on_presence_lapsed()
+    async def leave(self) -> None:
+        """Leave politely: peers stop placing here at once (a closed inbox tells the sweeps)."""
+        # Shielded from the cancellation that stops us, but bounded: the deadline sits inside.
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            try:
+                await self.coordination.presence_leave(registry.PRESENCE, self.me)
+            except CoordinationUnavailable:
+                pass
 
-    async def _refresh_peers(self) -> None:
-        keys = await self._coordination.keys_with_prefix(registry.ALIVE_PREFIX)
-        alive = sorted(k[len(registry.ALIVE_PREFIX) :] for k in keys)
-        values = await self._coordination.get_many([registry.snapshot_key(i) for i in alive])
+    # -- presence ---------------------------------------------------------------------------
+
+    async def _beat(self, *, first: bool = False) -> None:
+        sent = self._clock()
+        view = await self.coordination.presence_beat(
+            registry.PRESENCE,
+            self.me,
+            registry.encode_snapshot(self._snapshot()),
+            stall_after_s=self.timing.stall_gap_s,
+            forget_after_s=FORGET_AFTER_S,
+        )
+        self._absorb(view, self._clock() - sent)
+        lapsed = presence_lapsed(
+            previous_beat=view.previous_beat,
+            now=view.now,
+            stalls=view.stalls,
+            alive_ttl_s=self.timing.alive_ttl_s,
+        )
+        if lapsed and not first:
+            self.liveness_lost += 1
+            log.warning(
+                "instance %s was silent in the registry for %.1f s while Redis served the others; "
+                "peers may have declared it dead",
+                self.me,
+                view.now - (view.previous_beat or view.now),
+            )
+            if self.on_presence_lapsed is not None:
+                await self.on_presence_lapsed()
+
+    def _absorb(self, view: PresenceView, round_trip_s: float) -> None:
+        beats = {e.member: e.last_beat for e in view.entries}
+        self._beat_view.observe(now=view.now, round_trip_s=round_trip_s, beats=beats)
         peers = {}
-        for instance_id, value in zip(alive, values, strict=True):
-            snap = registry.decode_snapshot(value) if value else None
-            if snap is not None and instance_id != self.me:
-                peers[instance_id] = snap
+        for entry in view.entries:
+            if entry.member == self.me or self._beat_view.stale(entry.member):
+                continue
+            snapshot = registry.decode_snapshot(entry.data)
+            if snapshot is not None:
+                peers[entry.member] = snapshot
         self._peers = peers
+        self.version += 1
         if self.on_peers is not None:
             self.on_peers(self.peers())
 
     def peers(self) -> list[InstanceSnapshot]:
-        """Last known snapshots of the other live instances, by instance id."""
-        return [self._peers[i] for i in sorted(self._peers)]
+        """Last snapshots of the live peers, sorted by instance id, without this instance."""
+        return [s for i, s in sorted(self._peers.items()) if i != self.me]
 
     def forget_peer(self, instance_id: str) -> None:
-        self._peers.pop(instance_id, None)
+        """Stop placing on ``instance_id`` until it beats again (it reached nobody)."""
+        if self._peers.pop(instance_id, None) is not None:
+            self.version += 1
+
+    # -- the judge --------------------------------------------------------------------------
 
     async def dead_among(self, instance_ids: Sequence[str]) -> set[str]:
-        """The instances among ``instance_ids`` that are dead. Raises CoordinationUnavailable
-        when it cannot tell."""
-        keys = [registry.alive_key(i) for i in instance_ids]
-        values = await self._coordination.get_many(keys)
-        dead = set()
-        for instance_id, value in zip(instance_ids, values, strict=True):
-            if value is None or not await self._bus.is_listening(instance_id):
-                dead.add(instance_id)
+        """Which of ``instance_ids`` are dead. Call it every ``sweep_s`` even with no ids: the
+        judge counts staleness only across reads no further apart than the stall gap.
+        Raises ``CoordinationUnavailable`` when it cannot tell."""
+        # Listener checks first, the registry read last: a stale peer is known when that read
+        # answers, which is what failover_bound_s counts.
+        listening = {i: await self.bus.is_listening(i) for i in sorted(set(instance_ids))}
+        sent = self._clock()
+        view = await self.coordination.presence_read(
+            registry.PRESENCE, stall_after_s=self.timing.stall_gap_s
+        )
+        dead = self._judge.judge(
+            now=view.now,
+            round_trip_s=self._clock() - sent,
+            beats={e.member: e.last_beat for e in view.entries},
+            listening=listening,
+        )
+        for instance_id in dead:
+            self.forget_peer(instance_id)
         return dead
-
-    async def leave(self) -> None:
-        """Leave politely: peers see us gone now rather than at the TTL."""
-        # Shielded from the cancellation that stops us, but bounded: the deadline sits inside.
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            try:
-                alive = registry.alive_key(self.me)
-                await self._coordination.compare_and_set(alive, self._alive_value, None)
-                await self._coordination.delete(registry.snapshot_key(self.me))
-            except CoordinationUnavailable:
-                pass

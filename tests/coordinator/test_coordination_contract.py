@@ -514,3 +514,64 @@ async def test_memory_backend_runs_on_trio_virtual_clock(autojump_clock: trio.ab
         assert await coord.get("k") == b"v"
         await trio.sleep(1)
         assert await coord.get("k") is None
+
+
+# -- presence ---------------------------------------------------------------------------------
+
+REG = "presence:test"
+
+
+async def test_presence_beat_stamps_members_with_the_backend_clock(backend: Backend) -> None:
+    c = backend.coord
+    first = await c.presence_beat(REG, "A", b"a1", stall_after_s=5, forget_after_s=10)
+    assert first.previous_beat is None and first.stalls == ()
+    assert [(e.member, e.data) for e in first.entries] == [("A", b"a1")]
+    assert first.entries[0].last_beat == first.now
+    await backend.advance(0.2)
+    async with backend.open_peer() as peer:
+        second = await peer.presence_beat(REG, "B", b"b1", stall_after_s=5, forget_after_s=10)
+    assert [(e.member, e.data) for e in second.entries] == [("A", b"a1"), ("B", b"b1")]
+    beats = {e.member: e.last_beat for e in second.entries}
+    assert 0.2 - SLACK <= beats["B"] - beats["A"] <= 0.2 + 1.0
+    again = await c.presence_beat(REG, "A", b"a2", stall_after_s=5, forget_after_s=10)
+    assert again.previous_beat == pytest.approx(first.now, abs=1e-6)
+    read = await c.presence_read(REG, stall_after_s=5)
+    assert [(e.member, e.data) for e in read.entries] == [("A", b"a2"), ("B", b"b1")]
+    assert read.now >= again.now and read.previous_beat is None
+
+
+async def test_presence_keeps_stale_members_until_forgotten(backend: Backend) -> None:
+    c = backend.coord
+    await c.presence_beat(REG, "old", b"", stall_after_s=5, forget_after_s=0.3)
+    await backend.advance(0.15)
+    view = await c.presence_beat(REG, "new", b"", stall_after_s=5, forget_after_s=0.3)
+    assert [e.member for e in view.entries] == ["new", "old"]  # stale, still listed
+    await backend.advance(0.25)
+    view = await c.presence_beat(REG, "new", b"", stall_after_s=5, forget_after_s=0.3)
+    assert [e.member for e in view.entries] == ["new"]  # forgotten by the beat
+
+
+async def test_presence_leave_removes_at_once(backend: Backend) -> None:
+    c = backend.coord
+    await c.presence_beat(REG, "A", b"x", stall_after_s=5, forget_after_s=10)
+    await c.presence_leave(REG, "A")
+    assert (await c.presence_read(REG, stall_after_s=5)).entries == ()
+    again = await c.presence_beat(REG, "A", b"x", stall_after_s=5, forget_after_s=10)
+    assert again.previous_beat is None
+
+
+async def test_presence_records_stalls_of_the_backend(backend: Backend) -> None:
+    c = backend.coord
+    first = await c.presence_beat(REG, "A", b"", stall_after_s=0.2, forget_after_s=10)
+    await backend.advance(0.1)
+    await c.presence_read(REG, stall_after_s=0.2)  # calls 0.1 apart: no stall
+    await backend.advance(0.4)  # nobody called for 0.4 s: a stall
+    view = await c.presence_beat(REG, "A", b"", stall_after_s=0.2, forget_after_s=10)
+    assert len(view.stalls) == 1
+    start, end = view.stalls[0]
+    assert end == pytest.approx(view.now, abs=1e-6)
+    assert 0.4 - SLACK <= end - start <= 0.4 + 1.0
+    assert start >= first.now
+    # Reported only to beats whose previous beat is older than the stall.
+    view = await c.presence_beat(REG, "A", b"", stall_after_s=0.2, forget_after_s=10)
+    assert view.stalls == ()

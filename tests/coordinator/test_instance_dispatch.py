@@ -54,9 +54,12 @@ async def announce_peer(coordination: MemoryCoordination, instance_id: str, node
             )
         ],
     )
-    await coordination.set(registry.alive_key(instance_id), instance_id.encode(), ttl_s=60)
-    await coordination.set(
-        registry.snapshot_key(instance_id), registry.encode_snapshot(snapshot), ttl_s=60
+    await coordination.presence_beat(
+        registry.PRESENCE,
+        instance_id,
+        registry.encode_snapshot(snapshot),
+        stall_after_s=1.0,
+        forget_after_s=60,
     )
 
 

@@ -166,9 +166,15 @@ async def test_subscription_raises_when_redis_is_killed(redis_server: RedisServe
                     break
 
 
-async def test_subscription_raises_when_redis_hangs(redis_server: RedisServer) -> None:
+async def test_subscription_raises_when_redis_hangs_past_the_stall_limit(
+    redis_server: RedisServer,
+) -> None:
     async with RedisCoordination(
-        redis_server.url, key_prefix="t", op_timeout_s=0.3, subscription_keepalive_s=0.2
+        redis_server.url,
+        key_prefix="t",
+        op_timeout_s=0.3,
+        subscription_keepalive_s=0.2,
+        subscription_stall_s=0.5,
     ) as c:
         async with c.subscribe("inst:1") as sub:
             redis_server.pause()
@@ -177,11 +183,43 @@ async def test_subscription_raises_when_redis_hangs(redis_server: RedisServer) -
                 with pytest.raises(CoordinationUnavailable), trio.fail_after(3):
                     async for _ in sub:
                         raise AssertionError("no message expected")
-                # keepalive interval + PING timeout, plus slack
-                assert time.monotonic() - started < 0.2 + 0.3 + 0.5
+                # keepalive interval + stall limit, plus slack
+                assert time.monotonic() - started < 0.2 + 0.5 + 0.5
             finally:
                 redis_server.resume()
         await _assert_works(c)
+
+
+async def test_subscription_survives_a_3_s_redis_pause(redis_server: RedisServer) -> None:
+    """A paused Redis loses no message on an intact connection: the subscription must not
+    report a loss (that would fail every cross-instance task of the instance)."""
+    async with (
+        RedisCoordination(
+            redis_server.url, key_prefix="t", op_timeout_s=0.3, subscription_keepalive_s=0.2
+        ) as c,
+        c.subscribe("inst:1") as sub,
+        trio.open_nursery() as nursery,
+    ):
+        got: list[bytes] = []
+        arrived = trio.Event()
+
+        async def read() -> None:
+            async for message in sub:  # keepalive PINGs run in here while idle
+                got.append(message)
+                arrived.set()
+
+        nursery.start_soon(read)
+        await trio.sleep(0.3)
+        redis_server.pause()
+        try:
+            await trio.sleep(3.0)  # several keepalive PINGs go unanswered meanwhile
+        finally:
+            redis_server.resume()
+        assert await c.publish("inst:1", b"after the pause") == 1
+        with trio.fail_after(3):
+            await arrived.wait()
+        assert got == [b"after the pause"]
+        nursery.cancel_scope.cancel()
 
 
 async def test_leaving_a_subscription_does_not_hang_on_a_dead_or_hung_redis(

@@ -65,3 +65,18 @@ def test_unreachable_database_is_one_clear_line(procs: Processes) -> None:
         assert done.returncode == 1, args
         assert done.stderr.startswith("gemmanet: database: cannot open the database"), done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_liveness_settings_over_the_3_s_bound(procs: Processes) -> None:
+    env = {**procs.env, "GEMMANET_ALIVE_TTL_S": "2.5"}
+    done = procs.cli("serve", "--port", str(free_port()), env=env)
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert "alive_ttl_s 2.5" in line and "sweep_s 0.5" in line and "3.40 s" in line, line
+    assert "exceeds the promised 3 s" in line and "Traceback" not in line
+
+
+def test_serve_accepts_a_tighter_ttl(procs: Processes) -> None:
+    coord = procs.coordinator(GEMMANET_ALIVE_TTL_S="1.5")
+    assert coord.status()["instances"] == 1

@@ -1,0 +1,210 @@
+"""Who is dead, decided from what was read: pure, no trio, no Redis, no clock reads.
+
+Every instance beats into a shared registry every ``beat_s``; the backend stamps each beat
+with its own clock (Redis: server ``TIME``), so every judge compares beats against one clock.
+A requester's judge reads the registry every ``sweep_s`` and declares a peer dead when
+
+* its inbox has no listener (a killed process's socket closes at once), or
+* its last beat is older than ``alive_ttl_s`` -- **counted only over time in which Redis and the
+  judge were demonstrably responsive.**
+
+Responsive means: the judge's consecutive reads executed on the server no more than
+``stall_gap_s = sweep_s + stall_slack_s`` apart, and each read's round trip took no more than
+``responsive_rtt_s``. When a read breaks either rule, Redis or the judge itself was stalled (a
+SIGSTOPped ``redis-server``, a network hiccup, the judge's process descheduled): nobody could
+beat, or the judge could not see it, so every peer gets a fresh TTL counted from that read.
+A paused Redis is therefore never a dead instance, while a frozen instance on a healthy Redis
+still is, within ``failover_bound_s``.
+
+The instance's own side of the same rule is ``presence_lapsed``: our beats stopped for longer
+than the TTL while Redis was serving others (no server-recorded stall covers the gap), so peers
+may have declared us dead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "FAILOVER_PROMISE_S",
+    "LivenessJudge",
+    "LivenessTiming",
+    "failover_bound_s",
+    "presence_lapsed",
+]
+
+
+#: The product's promise: a dead owner's tasks end with 502 on a peer within this many seconds.
+FAILOVER_PROMISE_S = 3.0
+
+
+def failover_bound_s(
+    *,
+    alive_ttl_s: float,
+    sweep_s: float,
+    stall_slack_s: float,
+    responsive_rtt_s: float,
+) -> float:
+    """Worst-case seconds from an owner's death to its tasks' 502 on a peer, Redis responsive.
+
+    Frozen owner (SIGSTOP), died at T. Its last beat was sent before T and, Redis being
+    responsive, executed by ``L <= T + rtt``. The judge's reads execute at server times
+    ``r_1 < r_2 < ...`` no more than ``stall_gap = sweep_s + stall_slack_s`` apart (a wider gap
+    is a stall and restarts the TTL, see the module docstring). The first read with
+    ``r > L + alive_ttl_s`` therefore executes by ``L + alive_ttl_s + stall_gap`` and its answer
+    arrives within another ``rtt``; the requester fails the tasks at once::
+
+        frozen = rtt + alive_ttl_s + sweep_s + stall_slack_s + rtt
+
+    Killed owner (kill -9): its inbox has no listener from T on. The next sweep sends its
+    listener check within ``stall_gap`` and the registry read after it; both answer within
+    ``rtt``::
+
+        killed = sweep_s + stall_slack_s + rtt + rtt
+
+    The bound is the larger (always ``frozen``). Two settings are deliberately absent:
+    ``beat_s`` (an owner dying just after a beat is the worst case whatever the interval; the
+    beat interval only has to fit inside the TTL, see ``LivenessTiming.problems``) and the Redis
+    operation timeout (a read slower than ``responsive_rtt_s`` counts as a stall and ends no
+    task, so the timeout only decides how long the judge waits before saying it cannot tell).
+    """
+    stall_gap = sweep_s + stall_slack_s
+    frozen = responsive_rtt_s + alive_ttl_s + stall_gap + responsive_rtt_s
+    killed = stall_gap + 2 * responsive_rtt_s
+    return max(frozen, killed)
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessTiming:
+    """The settings liveness depends on, in one place."""
+
+    beat_s: float
+    alive_ttl_s: float
+    sweep_s: float
+    stall_slack_s: float
+    responsive_rtt_s: float
+
+    @property
+    def stall_gap_s(self) -> float:
+        """Reads further apart than this (server time) mean Redis or the judge stalled."""
+        return self.sweep_s + self.stall_slack_s
+
+    @property
+    def failover_bound_s(self) -> float:
+        return failover_bound_s(
+            alive_ttl_s=self.alive_ttl_s,
+            sweep_s=self.sweep_s,
+            stall_slack_s=self.stall_slack_s,
+            responsive_rtt_s=self.responsive_rtt_s,
+        )
+
+    def bound_sum(self) -> str:
+        """The bound's arithmetic, term by term, for a one-line refusal."""
+        t = self
+        return (
+            f"responsive_rtt_s {t.responsive_rtt_s:g} + alive_ttl_s {t.alive_ttl_s:g} + "
+            f"sweep_s {t.sweep_s:g} + stall_slack_s {t.stall_slack_s:g} + "
+            f"responsive_rtt_s {t.responsive_rtt_s:g} = {t.failover_bound_s:.2f} s"
+        )
+
+    def problems(self) -> list[str]:
+        """Why these settings cannot work (empty when they can)."""
+        found = []
+        if min(self.beat_s, self.alive_ttl_s, self.sweep_s, self.responsive_rtt_s) <= 0:
+            found.append("every interval must be positive")
+        # A live peer beats every beat_s, each beat taking up to a round trip: its age must stay
+        # well inside the TTL, or a live peer looks dead.
+        if self.alive_ttl_s < 2 * (self.beat_s + self.responsive_rtt_s):
+            found.append(
+                f"alive_ttl_s={self.alive_ttl_s:g} must be at least twice beat_s + "
+                f"responsive_rtt_s ({self.beat_s:g} + {self.responsive_rtt_s:g})"
+            )
+        if self.stall_slack_s < self.responsive_rtt_s:
+            found.append("stall_slack_s must cover at least one responsive round trip")
+        return found
+
+
+class LivenessJudge:
+    """Decides which peers are dead from successive registry reads (see the module docstring).
+
+    Feed it every successful read, in order, through ``judge``. It remembers the server time of
+    the previous read (to see stalls), the start of the current responsive stretch, and the last
+    beat seen of each peer (a peer missing from a read keeps its remembered beat)."""
+
+    def __init__(self, timing: LivenessTiming) -> None:
+        self.timing = timing
+        self._last_read: float | None = None
+        self._responsive_since: float | None = None
+        self._last_beats: dict[str, float] = {}
+        #: reads that found Redis or this judge stalled (for diagnostics and tests)
+        self.stalls_seen = 0
+
+    def observe(self, *, now: float, round_trip_s: float, beats: Mapping[str, float]) -> None:
+        """One successful registry read: server time ``now``, each member's last beat."""
+        stalled = (
+            self._last_read is None
+            or now - self._last_read > self.timing.stall_gap_s
+            or round_trip_s > self.timing.responsive_rtt_s
+        )
+        if stalled:
+            if self._last_read is not None:
+                self.stalls_seen += 1
+            self._responsive_since = now
+        self._last_read = now
+        for member, beat in beats.items():
+            if beat > self._last_beats.get(member, float("-inf")):
+                self._last_beats[member] = beat
+
+    def stale(self, instance_id: str) -> bool:
+        """Whether ``instance_id``'s last beat is older than the TTL, counting only responsive
+        time, as of the last observed read."""
+        if self._last_read is None or self._responsive_since is None:
+            return False
+        beat = self._last_beats.get(instance_id, float("-inf"))
+        return self._last_read - max(beat, self._responsive_since) > self.timing.alive_ttl_s
+
+    def dead(self, candidates: Iterable[str], listening: Mapping[str, bool]) -> set[str]:
+        """Candidates with no inbox listener, or stale. Candidates missing from ``listening``
+        are judged on staleness alone."""
+        return {c for c in candidates if listening.get(c) is False or self.stale(c)}
+
+    def judge(
+        self,
+        *,
+        now: float,
+        round_trip_s: float,
+        beats: Mapping[str, float],
+        listening: Mapping[str, bool],
+    ) -> set[str]:
+        """``observe`` then ``dead`` among the peers in ``listening``."""
+        self.observe(now=now, round_trip_s=round_trip_s, beats=beats)
+        return self.dead(listening, listening)
+
+    def forget(self, instance_id: str) -> None:
+        self._last_beats.pop(instance_id, None)
+
+
+def presence_lapsed(
+    *,
+    previous_beat: float | None,
+    now: float,
+    stalls: Sequence[tuple[float, float]],
+    alive_ttl_s: float,
+) -> bool:
+    """Whether peers may have declared us dead between our previous beat and this one.
+
+    ``stalls`` are the server-recorded windows ``(start, end)`` in which no presence call at all
+    ran for longer than the stall gap (Redis paused, or every instance stalled): a judge cannot
+    have counted those. We lapsed when some stretch of our silence *outside* those windows was
+    longer than the TTL. No previous beat (first start, or forgotten) counts as lapsed."""
+    if previous_beat is None:
+        return True
+    cursor = previous_beat
+    for start, end in sorted(stalls):
+        if end <= cursor:
+            continue
+        if start - cursor > alive_ttl_s:
+            return True
+        cursor = max(cursor, end)
+    return now - cursor > alive_ttl_s
