@@ -18,6 +18,7 @@ from coordinator.runtime.cluster import Cluster, StartupRefused
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.node_socket import serve_node_socket
 from coordinator.settings import Settings
+from protocol import CloseCode
 from sim import mutations
 from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
 from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
@@ -391,7 +392,7 @@ class World:
         self.trace.emit("owner.dead", instance=sim.name, since=trio.current_time())
         sim.scope.cancel()  # like kill -9: nothing runs any more, nothing is cleaned up
         for pair in sim.pairs:
-            pair.deliver_to_node(SocketClosed(1006))  # the kernel closes its sockets
+            pair.deliver_to_node(SocketClosed(CloseCode.ABNORMAL_CLOSURE))  # the kernel closes its sockets
         await trio.sleep(fault.duration)
         self.restarts += 1
         name = f"{fault.target}r{self.restarts}"
