@@ -8,8 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from coordinator.errors import SettingsError
-from coordinator.runtime.cluster import StartupRefused
+from coordinator.errors import SettingsError, StartupRefused
 from coordinator.settings import Settings
 from coordinator.store import StoreError
 

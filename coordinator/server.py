@@ -12,10 +12,14 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
-from coordinator.runtime.cluster import StartupRefused
+from coordinator.errors import StartupRefused, StoreError
+from coordinator.runtime.cluster import StartupRefused as _ClusterStartupRefused
 from coordinator.settings import Settings
-from coordinator.store import StoreError
 from protocol import MAX_ENVELOPE_BYTES
+
+# Transitional: cluster.py still raises its own StartupRefused. Once it imports the one from
+# coordinator.errors, delete this tuple and the import above and catch StartupRefused alone.
+_REFUSED = (StartupRefused, _ClusterStartupRefused)
 
 
 def hypercorn_config(host: str, port: int) -> Config:
@@ -28,17 +32,9 @@ def hypercorn_config(host: str, port: int) -> Config:
     return config
 
 
-def _startup_refusal(exc: BaseException) -> Exception | None:
-    """The reason the instance refused to start (a held lock, Redis or the database out of
-    reach), wherever it sits in the exception groups of the task tree."""
-    if isinstance(exc, StartupRefused | StoreError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _startup_refusal(inner)
-            if found is not None:
-                return found
-    return None
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
 
 
 def serve(settings: Settings, *, host: str, port: int) -> int:
@@ -60,12 +56,15 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
             await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
             nursery.cancel_scope.cancel()
 
+    # The reason the instance refused to start (a held lock, Redis or the database out of
+    # reach) arrives wrapped in the exception groups of the task tree.
+    refusal: str | None = None
     try:
         trio.run(main)
-    except BaseException as exc:
-        refusal = _startup_refusal(exc)
-        if refusal is None:
-            raise
-        prefix = "database: " if isinstance(refusal, StoreError) else ""
-        raise StartupRefused(prefix + str(refusal)) from None
+    except* _REFUSED as group:
+        refusal = str(_first(group))
+    except* StoreError as group:
+        refusal = refusal or f"database: {_first(group)}"
+    if refusal is not None:
+        raise StartupRefused(refusal)
     return 0
