@@ -11,6 +11,7 @@ from quart_trio import QuartTrio
 
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
+from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.coordination.factory import create_coordination
 from coordinator.runtime.bus import PubSubBus
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
         redoc_ui_path=None,
         scalar_ui_path=None,
         conversion_preference="msgspec",
+        openapi_provider_class=StructOpenAPIProvider,
     )
     install_error_handlers(app)
     register_routes(app)
