@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import trio
 from quart import websocket
+from quart.wrappers import Websocket
 from quart_schema import QuartSchema
 from quart_trio import QuartTrio
+from werkzeug.local import LocalProxy
 
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
@@ -98,7 +101,9 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:
-        await serve_node_socket(app.config["GEMMANET_INSTANCE"], websocket._get_current_object())
+        # The proxy's target itself: the socket is used from tasks outside this handler's context.
+        socket = cast("LocalProxy[Websocket]", websocket)._get_current_object()
+        await serve_node_socket(app.config["GEMMANET_INSTANCE"], socket)
 
     @app.before_serving
     async def start_instance() -> None:

@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 import msgspec
 import trio
 from quart import Quart, Response, current_app, request
-from quart.typing import ResponseReturnValue
 from quart_schema import document_request, document_response, security_scheme
 
 from coordinator import __version__
@@ -123,7 +122,7 @@ def register_routes(app: Quart) -> None:
     @document_request(TaskRequest)
     @document_response(TaskResponse)
     @_errors(400, 401, 413, 422, 429, 502, 503, 504)
-    async def submit_request() -> ResponseReturnValue:
+    async def submit_request() -> Response:
         """Run one task on a node serving the model.
 
         With `stream: true` the 200 is `text/event-stream` instead: `{"delta"}` events, then
@@ -164,7 +163,7 @@ def register_routes(app: Quart) -> None:
         return json_response(RatingResponse(task_id=task_id, score=body.score))
 
 
-async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> ResponseReturnValue:
+async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Response:
     """Server-sent events. The first event is awaited before answering 200, so a task that
     fails before producing anything still gets its proper status (502/503/504)."""
     handle = await inst.start_task(
@@ -183,7 +182,7 @@ async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Respons
         await inst.end_task(handle, "client_gone")
         raise
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return _events(inst, handle, first), 200, {"Content-Type": "text/event-stream", **headers}
+    return Response(_events(inst, handle, first), 200, headers, content_type="text/event-stream")
 
 
 async def _events(
