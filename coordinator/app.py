@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import trio
 from quart import websocket
+from quart.wrappers import Websocket
 from quart_schema import QuartSchema
 from quart_trio import QuartTrio
+from werkzeug.local import LocalProxy
 
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
+from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.coordination.factory import create_bus, create_coordination
 from coordinator.coordination.memory_bus_hub import MemoryBusHub
@@ -81,14 +85,17 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
         redoc_ui_path=None,
         scalar_ui_path=None,
         conversion_preference="msgspec",
+        openapi_provider_class=StructOpenAPIProvider,
     )
     install_error_handlers(app)
     register_routes(app)
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:
+        # The proxy's target itself: the socket is used from tasks outside this handler's context.
+        socket = cast("LocalProxy[Websocket]", websocket)._get_current_object()
         instance: Instance = app.config["GEMMANET_INSTANCE"]
-        await instance.serve_node(websocket._get_current_object())
+        await instance.serve_node(socket)
 
     @app.before_serving
     async def start_instance() -> None:

@@ -1,33 +1,79 @@
-"""The coordinator's error hierarchy. Each error knows its HTTP status and its JSON code.
+"""Every error the coordinator raises, in one hierarchy. Each knows its HTTP status, its JSON
+error code and, where a node socket closes because of it, its close code.
 
-    GemmaNetError                 500 internal_error
-    ├── MalformedJson             400 malformed_json
-    ├── Unauthorized              401 unauthorized
-    ├── Forbidden                 403 forbidden
-    ├── NotFound                  404 not_found / task_not_found
-    ├── Conflict                  409 already_rated
-    ├── PayloadTooLarge           413 payload_too_large
-    ├── InvalidFields             422 invalid_request
-    ├── RateLimited               429 rate_limited           (Retry-After)
-    ├── NodeDisconnected          502 node_disconnected
-    ├── NodeFailed                502 node_error
-    ├── Unavailable               503 (Retry-After)
-    │   ├── NoNodeForModel            no_node_for_model
-    │   ├── AllNodesBusy              all_nodes_busy
-    │   └── CoordinationDown          coordination_unavailable
-    └── TaskTimedOut              504 task_timeout
+    GemmaNetError                   500 internal_error
+    ├── SettingsError               500 invalid_settings     a configuration that cannot run
+    ├── StartupRefused              503 startup_refused      this instance must not start
+    ├── MalformedJson               400 malformed_json
+    ├── Unauthorized                401 unauthorized         (WWW-Authenticate)
+    ├── Forbidden                   403 forbidden
+    │   └── TaskForbidden*              forbidden            a task of another API key
+    ├── NotFound                    404 not_found
+    │   └── TaskNotFound*               task_not_found
+    ├── Conflict                    409 conflict
+    │   └── AlreadyRated*               already_rated
+    ├── PayloadTooLarge             413 payload_too_large
+    ├── InvalidFields               422 invalid_request
+    ├── RateLimited                 429 rate_limited         (Retry-After)
+    ├── NodeDisconnected            502 node_disconnected
+    ├── NodeFailed                  502 node_error
+    ├── Unavailable                 503 unavailable          (Retry-After)
+    │   ├── NoNodeForModel              no_node_for_model
+    │   ├── AllNodesBusy                all_nodes_busy
+    │   ├── CoordinationUnavailable     coordination_unavailable, close 1013: the backend
+    │   │                               cannot be reached (raised by the backends)
+    │   ├── CoordinationDown            coordination_unavailable: a request failed for it
+    │   └── StoreUnavailable*           store_unavailable
+    ├── TaskTimedOut                504 task_timeout
+    └── StoreError                  500 store_error          the durable store failed
+        (* also a StoreError: ``except StoreError`` catches every store failure)
 
-Every HTTP error leaves the process as ``{"error": {"code": ..., "message": ...}}``.
+Every HTTP error leaves the process as ``{"error": {"code": ..., "message": ...}}``. The
+coordination backends re-export ``CoordinationUnavailable`` (``coordinator.coordination``), the
+store its errors (``coordinator.store``); they are defined here so that the tree has one root.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
+
+from protocol import CloseCode, TaskErrorCode
+
+__all__ = [
+    "AllNodesBusy",
+    "AlreadyRated",
+    "Conflict",
+    "CoordinationDown",
+    "CoordinationUnavailable",
+    "Forbidden",
+    "GemmaNetError",
+    "InvalidFields",
+    "MalformedJson",
+    "NoNodeForModel",
+    "NodeDisconnected",
+    "NodeFailed",
+    "NotFound",
+    "PayloadTooLarge",
+    "RateLimited",
+    "SettingsError",
+    "StartupRefused",
+    "StoreError",
+    "StoreUnavailable",
+    "TaskForbidden",
+    "TaskNotFound",
+    "TaskTimedOut",
+    "Unauthorized",
+    "Unavailable",
+]
 
 
 class GemmaNetError(Exception):
-    status: int = 500
+    """The root: anything the coordinator raises on purpose."""
+
+    status: ClassVar[int] = 500
     code: str = "internal_error"
+    # The close code of a node socket that ends because of this error (None: not a socket error).
+    close_code: ClassVar[int | None] = None
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -38,8 +84,18 @@ class GemmaNetError(Exception):
     def headers(self) -> dict[str, str]:
         return {}
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message}}
+
+class SettingsError(GemmaNetError):
+    """A configuration that cannot run; the CLI prints it as one line and exits non-zero."""
+
+    code = "invalid_settings"
+
+
+class StartupRefused(GemmaNetError):
+    """This instance must not start (the single-instance lock is held elsewhere, Redis or the
+    database cannot be reached at start). ``gemmanet serve`` prints it as one line."""
+
+    status, code = 503, "startup_refused"
 
 
 class MalformedJson(GemmaNetError):
@@ -74,7 +130,9 @@ class InvalidFields(GemmaNetError):
 
 
 class _RetryLater(GemmaNetError):
-    def __init__(self, message: str, *, retry_after_s: float = 1.0, code: str | None = None):
+    def __init__(
+        self, message: str, *, retry_after_s: float = 1.0, code: str | None = None
+    ) -> None:
         super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
 
@@ -88,7 +146,7 @@ class RateLimited(_RetryLater):
 
 
 class NodeDisconnected(GemmaNetError):
-    status, code = 502, "node_disconnected"
+    status, code = 502, TaskErrorCode.NODE_DISCONNECTED.value
 
 
 class NodeFailed(GemmaNetError):
@@ -104,10 +162,21 @@ class NoNodeForModel(Unavailable):
 
 
 class AllNodesBusy(Unavailable):
-    code = "all_nodes_busy"
+    code = TaskErrorCode.ALL_NODES_BUSY.value
+
+
+class CoordinationUnavailable(Unavailable):
+    """The coordination backend cannot be reached or did not answer in time."""
+
+    code = "coordination_unavailable"
+    close_code = CloseCode.TRY_AGAIN_LATER
 
 
 class CoordinationDown(Unavailable):
+    """A request fails because the coordination backend is unavailable. A sibling of
+    CoordinationUnavailable, not a subclass, so an ``except CoordinationUnavailable`` around a
+    backend call never swallows a request's failure raised deeper down."""
+
     code = "coordination_unavailable"
 
 
@@ -115,10 +184,31 @@ class TaskTimedOut(GemmaNetError):
     status, code = 504, "task_timeout"
 
 
-class SettingsError(Exception):
-    """A configuration that cannot run; the CLI prints it as one line and exits non-zero."""
+class StoreError(GemmaNetError):
+    """The durable store could not do what was asked."""
+
+    code = "store_error"
 
 
-class StartupRefused(Exception):
-    """This instance must not start (the single-instance lock is held elsewhere, Redis cannot
-    be reached at start, or the settings break a promised bound); one line, non-zero exit."""
+class StoreUnavailable(StoreError, Unavailable):
+    """The database cannot be reached, or stayed locked past the busy timeout."""
+
+    status, code = 503, "store_unavailable"
+
+
+class TaskNotFound(StoreError, NotFound):
+    """No task with that id was recorded."""
+
+    status, code = 404, "task_not_found"
+
+
+class TaskForbidden(StoreError, Forbidden):
+    """The task exists but was requested with a different API key."""
+
+    status, code = 403, "forbidden"
+
+
+class AlreadyRated(StoreError, Conflict):
+    """The task already has a rating; a task is rated at most once."""
+
+    status, code = 409, "already_rated"

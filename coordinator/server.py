@@ -13,9 +13,8 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
 from coordinator.core.liveness import FAILOVER_PROMISE_S
-from coordinator.errors import SettingsError, StartupRefused
+from coordinator.errors import SettingsError, StartupRefused, StoreError
 from coordinator.settings import Settings
-from coordinator.store import StoreError
 from protocol import MAX_ENVELOPE_BYTES
 
 
@@ -29,17 +28,9 @@ def hypercorn_config(host: str, port: int) -> Config:
     return config
 
 
-def _startup_refusal(exc: BaseException) -> Exception | None:
-    """The reason the instance refused to start (a held lock, Redis or the database out of
-    reach), wherever it sits in the exception groups of the task tree."""
-    if isinstance(exc, StartupRefused | StoreError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _startup_refusal(inner)
-            if found is not None:
-                return found
-    return None
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
 
 
 def check_failover_bound(settings: Settings) -> None:
@@ -76,12 +67,15 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
             await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
             nursery.cancel_scope.cancel()
 
+    # The reason the instance refused to start (a held lock, Redis or the database out of
+    # reach) arrives wrapped in the exception groups of the task tree.
+    refusal: str | None = None
     try:
         trio.run(main)
-    except BaseException as exc:
-        refusal = _startup_refusal(exc)
-        if refusal is None:
-            raise
-        prefix = "database: " if isinstance(refusal, StoreError) else ""
-        raise StartupRefused(prefix + str(refusal)) from None
+    except* StartupRefused as group:
+        refusal = str(_first(group))
+    except* StoreError as group:
+        refusal = refusal or f"database: {_first(group)}"
+    if refusal is not None:
+        raise StartupRefused(refusal)
     return 0

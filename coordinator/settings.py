@@ -1,17 +1,28 @@
-"""Settings from GEMMANET_* environment variables (see INTERFACE.md and the README)."""
+"""Settings from GEMMANET_* environment variables (see INTERFACE.md and the README).
+
+Each default is written once, on its field of ``Settings``: ``from_env`` passes only the
+variables that are set, so an unset variable takes the field's default.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from coordinator.core.liveness import LivenessTiming
 from coordinator.errors import SettingsError
+from coordinator.store import DEFAULT_DATABASE_URL
+from protocol.constraints import MAX_TIMEOUT_S
 
 _PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
+_NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# A heartbeat slower than this would leave a dead node's tasks hanging for minutes.
+MAX_HEARTBEAT_S = 60.0
+BUSES = ("pubsub", "streams")
 
 
 def parse_rate_limit(text: str) -> tuple[int, float]:
@@ -29,31 +40,79 @@ def parse_rate_limit(text: str) -> tuple[int, float]:
     return int(match.group(1)), period
 
 
-def _flag(env: Mapping[str, str], name: str, default: str) -> bool:
-    value = env.get(name, default).strip().lower()
+def _flag(name: str, raw: str) -> bool:
+    value = raw.lower()
     if value in ("1", "true", "yes", "on"):
         return True
-    if value in ("0", "false", "no", "off", ""):
+    if value in ("0", "false", "no", "off"):
         return False
     raise SettingsError(f"{name}={value!r} must be 0 or 1")
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
+def _number(name: str, raw: str, *, minimum: float, maximum: float) -> float:
     try:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
     if not value >= minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
-    return value
+    return min(value, maximum)
+
+
+def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise SettingsError(f"{name}={raw!r} must be " + " or ".join(map(repr, choices)))
+    return raw
+
+
+def _name(name: str, raw: str) -> str:
+    if not _NAME.fullmatch(raw):
+        raise SettingsError(f"{name}={raw!r} may hold only [A-Za-z0-9._:-]")
+    return raw
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
+    """The fields the environment sets, parsed and checked; unset or blank variables are left
+    out so that their fields keep their defaults."""
+
+    def get(name: str) -> str | None:
+        raw = env.get(name, "").strip()
+        return raw or None
+
+    parsers: dict[str, tuple[str, Callable[[str, str], object]]] = {
+        "database_url": ("GEMMANET_DATABASE_URL", lambda n, v: v),
+        "redis_url": ("GEMMANET_REDIS_URL", lambda n, v: v),
+        "redis_password_file": ("GEMMANET_REDIS_PASSWORD_FILE", lambda n, v: v),
+        "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
+        "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
+        "key_prefix": ("GEMMANET_KEY_PREFIX", _name),
+        "instance_id": ("GEMMANET_INSTANCE_ID", _name),
+        "rate_limit": ("GEMMANET_RATE_LIMIT", lambda n, v: parse_rate_limit(v)),
+        "task_timeout_s": (
+            "GEMMANET_TASK_TIMEOUT_S",
+            lambda n, v: _number(n, v, minimum=0.1, maximum=MAX_TIMEOUT_S),
+        ),
+        "heartbeat_interval_s": (
+            "GEMMANET_HEARTBEAT_S",
+            lambda n, v: _number(n, v, minimum=0.05, maximum=MAX_HEARTBEAT_S),
+        ),
+        "alive_ttl_s": (
+            "GEMMANET_ALIVE_TTL_S",
+            lambda n, v: _number(n, v, minimum=0.1, maximum=60.0),
+        ),
+        "sweep_s": ("GEMMANET_SWEEP_S", lambda n, v: _number(n, v, minimum=0.05, maximum=60.0)),
+    }
+    values: dict[str, Any] = {}
+    for field_name, (variable, parse) in parsers.items():
+        raw = get(variable)
+        if raw is not None:
+            values[field_name] = parse(variable, raw)
+    return values
 
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str = "sqlite:///./gemmanet.db"
+    database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
     redis_password_file: str | None = None
     multi_instance: bool = False
@@ -84,38 +143,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        bus = env.get("GEMMANET_BUS", "pubsub").strip() or "pubsub"
-        if bus not in ("pubsub", "streams"):
-            raise SettingsError(f"GEMMANET_BUS={bus!r} must be 'pubsub' or 'streams'")
-        prefix = env.get("GEMMANET_KEY_PREFIX", "gn").strip() or "gn"
-        if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", prefix):
-            raise SettingsError(f"GEMMANET_KEY_PREFIX={prefix!r} may hold only [A-Za-z0-9._:-]")
-        kwargs: dict[str, object] = {
-            "database_url": env.get("GEMMANET_DATABASE_URL", "").strip() or cls.database_url,
-            "redis_url": env.get("GEMMANET_REDIS_URL", "").strip() or None,
-            "redis_password_file": env.get("GEMMANET_REDIS_PASSWORD_FILE", "").strip() or None,
-            "multi_instance": _flag(env, "GEMMANET_MULTI_INSTANCE", "0"),
-            "bus": bus,
-            "key_prefix": prefix,
-            "rate_limit": parse_rate_limit(env.get("GEMMANET_RATE_LIMIT", "60/minute")),
-            "task_timeout_s": min(
-                _number(env, "GEMMANET_TASK_TIMEOUT_S", 120.0, minimum=0.1), 3600.0
-            ),
-            "heartbeat_interval_s": min(
-                _number(env, "GEMMANET_HEARTBEAT_S", 2.0, minimum=0.05), 60.0
-            ),
-            "alive_ttl_s": _number(env, "GEMMANET_ALIVE_TTL_S", cls.alive_ttl_s, minimum=0.1),
-            "sweep_s": _number(env, "GEMMANET_SWEEP_S", cls.sweep_s, minimum=0.05),
-        }
-        instance_id = env.get("GEMMANET_INSTANCE_ID", "").strip()
-        if instance_id:
-            if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", instance_id):
-                raise SettingsError(
-                    f"GEMMANET_INSTANCE_ID={instance_id!r} may hold only [A-Za-z0-9._:-]"
-                )
-            kwargs["instance_id"] = instance_id
-        settings = cls(**kwargs)  # type: ignore[arg-type]
+        settings = cls(**_env_values(os.environ if env is None else env))
         settings.check()
         return settings
 
@@ -135,5 +163,5 @@ class Settings:
             responsive_rtt_s=self.responsive_rtt_s,
         )
 
-    def with_(self, **changes: object) -> Settings:
-        return replace(self, **changes)  # type: ignore[arg-type]
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)

@@ -2,7 +2,8 @@
 
 Envelopes (frozen msgspec Structs, one class per message type) for the node WebSocket protocol
 and for the instance bus, their field limits (``constraints``), a versioned codec, the per-
-connection state machine ``NodeSession``, and the ProtocolError hierarchy. Nothing in this
+connection state machine ``NodeSession``, the ProtocolError hierarchy, and the codes that travel
+on the wire (``codes``: WebSocket close codes, task error codes). Nothing in this
 package does I/O or imports an event loop, so the coordinator, the node agent and the simulator
 all speak exactly the same bytes.
 """
@@ -14,6 +15,7 @@ from protocol.codec import (
     decode_node,
     encode,
 )
+from protocol.codes import BUSY_CODES, FINAL_CLOSE_CODES, CloseCode, TaskErrorCode
 from protocol.constraints import (
     IDENTIFIER_PATTERN,
     MAX_IDENTIFIER_LENGTH,
@@ -54,6 +56,8 @@ from protocol.errors import (
 from protocol.session import NodeSession, Role, SessionState
 
 __all__ = [
+    "BUSY_CODES",
+    "FINAL_CLOSE_CODES",
     "IDENTIFIER_PATTERN",
     "MAX_ENVELOPE_BYTES",
     "MAX_IDENTIFIER_LENGTH",
@@ -73,6 +77,7 @@ __all__ = [
     "BusResult",
     "Cancel",
     "Chunk",
+    "CloseCode",
     "EnvelopeTooLarge",
     "Error",
     "Heartbeat",
@@ -85,6 +90,7 @@ __all__ = [
     "Result",
     "Role",
     "SessionState",
+    "TaskErrorCode",
     "TaskFailure",
     "UnexpectedEnvelope",
     "UnsupportedVersion",

@@ -15,9 +15,8 @@ closes the socket with 4002 and blames the peer must not swallow it.
 
 from __future__ import annotations
 
-PROTOCOL_ERROR_CLOSE_CODE = 4002
-# RFC 6455 "internal error": the server hit a condition it did not expect.
-INTERNAL_ERROR_CLOSE_CODE = 1011
+from protocol.codes import CloseCode
+
 # A peer controls the received value; its repr must not blow up a log line or a close reason.
 _MAX_REPR = 40
 
@@ -30,7 +29,7 @@ def _short_repr(value: object) -> str:
 class ProtocolError(Exception):
     """The peer sent something this side cannot accept."""
 
-    close_code: int = PROTOCOL_ERROR_CLOSE_CODE
+    close_code: int = CloseCode.PROTOCOL_ERROR
 
 
 class MalformedEnvelope(ProtocolError):
@@ -69,4 +68,4 @@ class UnexpectedEnvelope(ProtocolError):
 class LocalProtocolError(Exception):
     """This side tried to send an envelope the protocol forbids now (or one that is invalid)."""
 
-    close_code: int = INTERNAL_ERROR_CLOSE_CODE
+    close_code: int = CloseCode.INTERNAL_ERROR

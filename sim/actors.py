@@ -16,6 +16,7 @@ from protocol import (
     Assign,
     Cancel,
     Chunk,
+    CloseCode,
     Heartbeat,
     Hello,
     Result,
@@ -81,7 +82,7 @@ class SocketPair:
         try:
             self.to_instance_send.send_nowait(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise SocketClosed(1006) from None
+            raise SocketClosed(CloseCode.ABNORMAL_CLOSURE) from None
 
     async def node_receive(self) -> str:
         item = await self.to_node_recv.receive()
@@ -129,7 +130,7 @@ class SimNode:
             code = await self._session(pair, instance)
             self.current = None
             self.trace.emit("node.disconnected", node=self.node_id, instance=instance, code=code)
-            if code == 4000:
+            if code == CloseCode.REPLACED:
                 return  # replaced: a real agent exits rather than fight its twin
             await trio.sleep(backoff * (0.5 + self.rng.random()))
             backoff = min(backoff * 2, 2.0)
@@ -139,10 +140,10 @@ class SimNode:
         self.home = move_to
         if self.current is not None:
             self.current.node_close()
-            self.current.deliver_to_node(SocketClosed(1006))
+            self.current.deliver_to_node(SocketClosed(CloseCode.ABNORMAL_CLOSURE))
 
     async def _session(self, pair: SocketPair, instance: str) -> int:
-        code = 1006
+        code: int = CloseCode.ABNORMAL_CLOSURE
         try:
             await self._speak(pair, instance)
         except* SocketClosed as group:
@@ -243,4 +244,4 @@ def _first_code(group: BaseExceptionGroup) -> int:  # type: ignore[type-arg]
             return exc.code
         if isinstance(exc, BaseExceptionGroup):
             return _first_code(exc)
-    return 1006
+    return CloseCode.ABNORMAL_CLOSURE

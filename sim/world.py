@@ -17,6 +17,7 @@ from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
 from coordinator.errors import GemmaNetError, StartupRefused
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings
+from protocol import CloseCode
 from sim import mutations
 from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
 from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
@@ -399,7 +400,9 @@ class World:
         self.trace.emit("owner.dead", instance=sim.name, since=trio.current_time())
         sim.scope.cancel()  # like kill -9: nothing runs any more, nothing is cleaned up
         for pair in sim.pairs:
-            pair.deliver_to_node(SocketClosed(1006))  # the kernel closes its sockets
+            pair.deliver_to_node(
+                SocketClosed(CloseCode.ABNORMAL_CLOSURE)
+            )  # the kernel closes its sockets
         await trio.sleep(fault.duration)
         self.restarts += 1
         name = f"{fault.target}r{self.restarts}"

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from quart import Quart
+from quart import Quart, Response
 from werkzeug.exceptions import HTTPException
 
+from coordinator.api.responses import error_of, error_response
 from coordinator.errors import GemmaNetError
-from coordinator.store import StoreError
 
 log = logging.getLogger("gemmanet.api")
 
@@ -24,39 +23,29 @@ _HTTP_CODES = {
     415: "unsupported_media_type",
     429: "rate_limited",
 }
-
-
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None):
-    body: dict[str, Any] = {"error": {"code": code, "message": message}}
-    return body, status, headers or {}
+_HTTP_MESSAGES = {
+    404: "no such endpoint",
+    405: "method not allowed on this endpoint",
+    413: "request body exceeds the size limit",
+}
 
 
 def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(GemmaNetError)
-    async def _ours(exc: GemmaNetError) -> Any:
-        return exc.body(), exc.status, exc.headers()
-
-    @app.errorhandler(StoreError)
-    async def _store(exc: StoreError) -> Any:
-        status = getattr(exc, "http_status", 500)
-        headers = {"Retry-After": "1"} if status == 503 else {}
-        return error_response(status, getattr(exc, "code", "store_error"), str(exc), headers)
+    async def _ours(exc: GemmaNetError) -> Response:
+        return error_of(exc)
 
     @app.errorhandler(HTTPException)
-    async def _http(exc: HTTPException) -> Any:
+    async def _http(exc: HTTPException) -> Response:
         status = exc.code or 500
         code = _HTTP_CODES.get(status, "http_error")
-        message = {
-            404: "no such endpoint",
-            405: "method not allowed on this endpoint",
-            413: "request body exceeds the size limit",
-        }.get(status, exc.description or code)
+        message = _HTTP_MESSAGES.get(status, exc.description or code)
         # A 413 is sent before the body was read; the connection cannot carry another
         # request (the rest of the body is still on the wire), so tell the client to close it.
         headers = {"Connection": "close"} if status == 413 else {}
         return error_response(status, code, message, headers)
 
     @app.errorhandler(Exception)
-    async def _unexpected(exc: Exception) -> Any:
+    async def _unexpected(exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "internal_error", "internal error; see the coordinator log")

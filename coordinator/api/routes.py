@@ -1,45 +1,60 @@
-"""HTTP routes. Each handler authenticates, decodes strictly, then asks the instance."""
+"""HTTP routes. Each handler authenticates, decodes strictly, then asks the instance; every
+JSON body it answers with is a Struct of ``schemas``, and each route documents every status it
+can answer with (``_errors``), so /openapi.json describes what the API really returns."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import msgspec
 import trio
-from quart import Quart, current_app, request
+from quart import Quart, Response, current_app, request
 from quart_schema import document_request, document_response, security_scheme
 
 from coordinator import __version__
+from coordinator.api.responses import json_response
 from coordinator.api.schemas import (
+    DeltaEvent,
+    DoneEvent,
     ErrorResponse,
+    HealthResponse,
+    NodeInfo,
     NodesResponse,
     RatingRequest,
     RatingResponse,
     StatusResponse,
+    StreamErrorDetail,
+    StreamErrorEvent,
     TaskRequest,
     TaskResponse,
 )
-from coordinator.errors import (
-    Conflict,
-    Forbidden,
-    GemmaNetError,
-    InvalidFields,
-    MalformedJson,
-    NotFound,
-    Unauthorized,
-)
+from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
 from coordinator.runtime.instance import Instance
-from coordinator.runtime.task_handle import ChunkEvent, DoneEvent, TaskHandle
-from coordinator.store import AlreadyRated, ApiKey, TaskForbidden, TaskNotFound
+from coordinator.runtime.task_handle import ChunkEvent, TaskHandle
+from coordinator.runtime.task_handle import DoneEvent as TaskDone
+from coordinator.store import ApiKey
 
 S = TypeVar("S", bound=msgspec.Struct)
+F = TypeVar("F", bound=Callable[..., Any])
 _json = msgspec.json.Encoder()
-_BEARER = [{"bearer": []}]
+_BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+def _errors(*statuses: int) -> Callable[[F], F]:
+    """Document ErrorResponse for each status, plus 500 (an unexpected error) for every route."""
+
+    def decorate(func: F) -> F:
+        for status in (*statuses, 500):
+            func = document_response(ErrorResponse, status)(func)
+        return func
+
+    return decorate
 
 
 def instance() -> Instance:
-    return current_app.config["GEMMANET_INSTANCE"]  # type: ignore[no-any-return]
+    inst: Instance = current_app.config["GEMMANET_INSTANCE"]
+    return inst
 
 
 async def authenticate() -> ApiKey:
@@ -57,7 +72,8 @@ async def read_raw_body() -> bytes:
     """The whole request body. Read before any early error answer: Hypercorn cannot reuse a
     keep-alive connection whose request body was left unread, and the client's next request
     on it would hang (a 413 is the exception; it closes the connection)."""
-    return await request.get_data(cache=False, as_text=False)
+    data = await request.get_data(cache=False, as_text=False)
+    return data if isinstance(data, bytes) else data.encode()
 
 
 def decode_body(data: bytes, struct: type[S]) -> S:
@@ -71,37 +87,48 @@ def decode_body(data: bytes, struct: type[S]) -> S:
         raise MalformedJson(f"request body is not valid JSON: {exc}") from None
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + _json.encode(payload) + b"\n\n"
+def _sse(event: msgspec.Struct) -> bytes:
+    return b"data: " + _json.encode(event) + b"\n\n"
 
 
 def register_routes(app: Quart) -> None:
     @app.get("/healthz")
-    async def healthz() -> Any:
-        return {"ok": True}
+    @document_response(HealthResponse)
+    @_errors()
+    async def healthz() -> Response:
+        """Liveness: 200 while the process serves."""
+        return json_response(HealthResponse(ok=True))
 
     @app.get("/api/v1/status")
     @document_response(StatusResponse)
-    async def status() -> Any:
+    @_errors()
+    async def status() -> Response:
+        """Nodes, instances and tasks in flight across all live instances."""
         counts = await instance().cluster_status()
-        return {**counts, "version": __version__}
+        return json_response(msgspec.convert({**counts, "version": __version__}, StatusResponse))
 
     @app.get("/api/v1/nodes")
     @security_scheme(_BEARER)
     @document_response(NodesResponse)
-    @document_response(ErrorResponse, 401)
-    async def nodes() -> Any:
+    @_errors(401, 503)
+    async def nodes() -> Response:
+        """Every online node, on any instance."""
         await authenticate()
-        return {"nodes": await instance().cluster_nodes()}
+        found = msgspec.convert(await instance().cluster_nodes(), list[NodeInfo])
+        return json_response(NodesResponse(nodes=found))
 
     @app.post("/api/v1/request")
     @security_scheme(_BEARER)
     @document_request(TaskRequest)
     @document_response(TaskResponse)
-    @document_response(ErrorResponse, 502)
-    @document_response(ErrorResponse, 503)
-    @document_response(ErrorResponse, 504)
-    async def submit_request() -> Any:
+    @_errors(400, 401, 413, 422, 429, 502, 503, 504)
+    async def submit_request() -> Response:
+        """Run one task on a node serving the model.
+
+        With `stream: true` the 200 is `text/event-stream` instead: `{"delta"}` events, then
+        `{"done": true, "task_id", "node_id", "output"}`, or an `{"error": {"code", "message",
+        "status"}}` event when the task fails after the stream began.
+        """
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
@@ -117,30 +144,26 @@ def register_routes(app: Quart) -> None:
             timeout_s=body.timeout_s,
         ) as handle:
             output = await handle.result()
-        return {"task_id": handle.task_id, "node_id": handle.node_id, "output": output}
+        return json_response(
+            TaskResponse(task_id=handle.task_id, node_id=handle.node_id, output=output)
+        )
 
     @app.post("/api/v1/tasks/<task_id>/rating")
     @security_scheme(_BEARER)
     @document_request(RatingRequest)
     @document_response(RatingResponse)
-    @document_response(ErrorResponse, 404)
-    @document_response(ErrorResponse, 409)
-    async def rate(task_id: str) -> Any:
+    @_errors(400, 401, 403, 404, 409, 413, 422, 503)
+    async def rate(task_id: str) -> Response:
+        """Rate a task once, with the key that requested it."""
         data = await read_raw_body()
         api_key = await authenticate()
         body = decode_body(data, RatingRequest)
-        try:
-            await instance().rate_task(task_id, api_key.key_id, body.score)
-        except TaskNotFound:
-            raise NotFound(f"no task {task_id!r}", code="task_not_found") from None
-        except TaskForbidden:
-            raise Forbidden(f"task {task_id!r} was requested with another API key") from None
-        except AlreadyRated:
-            raise Conflict(f"task {task_id!r} is already rated", code="already_rated") from None
-        return {"task_id": task_id, "score": body.score}
+        # TaskNotFound (404), TaskForbidden (403) and AlreadyRated (409) answer for themselves.
+        await instance().rate_task(task_id, api_key.key_id, body.score)
+        return json_response(RatingResponse(task_id=task_id, score=body.score))
 
 
-async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Any:
+async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Response:
     """Server-sent events. The first event is awaited before answering 200, so a task that
     fails before producing anything still gets its proper status (502/503/504)."""
     handle = await inst.start_task(
@@ -159,28 +182,27 @@ async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Any:
         await inst.end_task(handle, "client_gone")
         raise
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return _events(inst, handle, first), 200, {"Content-Type": "text/event-stream", **headers}
+    return Response(_events(inst, handle, first), 200, headers, content_type="text/event-stream")
 
 
 async def _events(
-    inst: Instance, handle: TaskHandle, first: ChunkEvent | DoneEvent
+    inst: Instance, handle: TaskHandle, first: ChunkEvent | TaskDone
 ) -> AsyncIterator[bytes]:
     outcome = "client_gone"
     try:
         event = first
         while isinstance(event, ChunkEvent):
-            yield _sse({"delta": event.delta})
+            yield _sse(DeltaEvent(delta=event.delta))
             event = await handle.next_event()
         outcome = "ok"
     except GemmaNetError as exc:
         outcome = exc.code
         await inst.end_task(handle, outcome)
-        yield _sse({"error": {"code": exc.code, "message": exc.message, "status": exc.status}})
+        error = StreamErrorDetail(code=exc.code, message=exc.message, status=exc.status)
+        yield _sse(StreamErrorEvent(error=error))
         return
     finally:
         with trio.CancelScope(shield=True):
             await inst.end_task(handle, outcome)
     # The task is recorded (queued for the next batch write) before the final event.
-    yield _sse(
-        {"done": True, "task_id": handle.task_id, "node_id": handle.node_id, "output": event.output}
-    )
+    yield _sse(DoneEvent(task_id=handle.task_id, node_id=handle.node_id, output=event.output))

@@ -1,65 +1,134 @@
-"""Request and response bodies. Requests are decoded strictly with msgspec; the same Structs
-document the API in /openapi.json."""
+"""Request and response bodies. Requests are decoded strictly with msgspec; every JSON body the
+API sends is one of these Structs, and the same Structs document the API in /openapi.json (so
+the document describes what the routes really return; tests/e2e/test_openapi.py checks it).
+
+Response Structs forbid unknown fields: their JSON schema says ``additionalProperties: false``,
+and a dict from the runtime with a field the schema does not list fails loudly when converted
+instead of leaving the document behind.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
-ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+from protocol.constraints import MAX_MODEL_NAME_LENGTH, MAX_TIMEOUT_S
+
+# The limits of the Assign envelope the request becomes (protocol.constraints), except that a
+# model name is not checked for visible characters here: an unknown model is a 503, not a 422.
+ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_MODEL_NAME_LENGTH)]
+TimeoutS = Annotated[float, msgspec.Meta(gt=0, le=MAX_TIMEOUT_S)]
+
+
+class _Response(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+# --- requests ----------------------------------------------------------------------------------
 
 
 class TaskRequest(msgspec.Struct, kw_only=True):
     model: ModelName
     prompt: str
     stream: bool = False
-    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] | None = None
-
-
-class TaskResponse(msgspec.Struct, kw_only=True):
-    task_id: str
-    node_id: str
-    output: str
+    timeout_s: TimeoutS | None = None
 
 
 class RatingRequest(msgspec.Struct, kw_only=True):
     score: Annotated[int, msgspec.Meta(ge=1, le=5)]
 
 
-class RatingResponse(msgspec.Struct, kw_only=True):
+# --- responses ---------------------------------------------------------------------------------
+
+
+class HealthResponse(_Response):
+    ok: bool
+
+
+class TaskResponse(_Response):
+    task_id: str
+    node_id: str
+    output: str
+
+
+class RatingResponse(_Response):
     task_id: str
     score: int
 
 
-class StatusResponse(msgspec.Struct, kw_only=True):
+class Diagnostics(_Response):
+    """Counters of the answering instance only (an extension of INTERFACE.md)."""
+
+    local_nodes: int
+    local_in_flight: int
+    # Node answers refused (by the owner or the requester), by reason: wrong_source (not the
+    # connection the task was assigned to), duplicate (a replay, or after the task ended),
+    # unknown_task, overflow.
+    dropped_answers: dict[str, int]
+    # Tasks this instance's nodes run for other instances.
+    forwarded_in_flight: int
+    liveness_lost: int
+    bus_losses: int
+
+
+class StatusResponse(_Response):
     online_nodes: int
     instances: int
     in_flight: int
     version: str
+    instance_id: str
+    diagnostics: Diagnostics
 
 
-class NodeInfo(msgspec.Struct, kw_only=True):
+class NodeInfo(_Response):
     node_id: str
     instance_id: str
     models: list[str]
     max_parallel: int
     in_flight: int
-    vram_gb: float | None = None
-    rating: float | None = None
-    ratings: int = 0
-    agent_version: str = ""
-    connected_at: float | None = None
+    vram_gb: float | None
+    # Mean of the node's ratings (None until it has one) and how many there are.
+    rating: float | None
+    ratings: int
+    agent_version: str
+    connected_at: float | None
 
 
-class NodesResponse(msgspec.Struct, kw_only=True):
+class NodesResponse(_Response):
     nodes: list[NodeInfo]
 
 
-class ErrorDetail(msgspec.Struct, kw_only=True):
+class ErrorDetail(_Response):
     code: str
     message: str
 
 
-class ErrorResponse(msgspec.Struct, kw_only=True):
+class ErrorResponse(_Response):
+    """Every error, whatever its status (INTERFACE.md)."""
+
     error: ErrorDetail
+
+
+# --- server-sent events of a streamed request (text/event-stream, one per ``data:`` line) ------
+
+
+class DeltaEvent(_Response):
+    delta: str
+
+
+class DoneEvent(_Response, kw_only=True):
+    done: Literal[True] = True
+    task_id: str
+    node_id: str
+    output: str
+
+
+class StreamErrorDetail(_Response):
+    code: str
+    message: str
+    status: int
+
+
+class StreamErrorEvent(_Response):
+    error: StreamErrorDetail

@@ -20,9 +20,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
+# Defined with the coordinator's other errors (HTTP 503, close code 1013); part of this interface.
+from coordinator.errors import CoordinationUnavailable
 
-class CoordinationUnavailable(Exception):
-    """The coordination backend cannot be reached or did not answer in time (HTTP 503)."""
+__all__ = ["Coordination", "CoordinationUnavailable", "RateDecision", "Subscription"]
 
 
 @dataclass(frozen=True, slots=True)

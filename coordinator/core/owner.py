@@ -30,16 +30,14 @@ from protocol import (
     BusResult,
     Cancel,
     Chunk,
+    CloseCode,
     Error,
     Heartbeat,
     Result,
+    TaskErrorCode,
     TaskFailure,
 )
 
-CLOSE_REPLACED = 4000
-# A node silent past its heartbeat deadline (an extension of INTERFACE.md's 4000-4002; the agent
-# reconnects on it like on any other loss).
-CLOSE_HEARTBEAT_TIMEOUT = 4003
 # How long a reply that is not tied to a task's deadline keeps being retried on the bus.
 REPLY_GIVE_UP_S = 5.0
 
@@ -83,7 +81,7 @@ class Owner:
 
     def _replaced_close(self, conn: NodeConnection) -> CloseNode:
         reason = f"replaced by a newer connection of node {conn.node_id}"
-        return CloseNode(conn.conn_id, CLOSE_REPLACED, reason)
+        return CloseNode(conn.conn_id, CloseCode.REPLACED, reason)
 
     def _lose(self, conn: NodeConnection, why: str) -> list[Effect]:
         effects: list[Effect] = [ReleaseOwnership(conn.node_id, conn.conn_id), NodesChanged()]
@@ -140,13 +138,15 @@ class Owner:
         conn = self.nodes.by_node(envelope.node_id)
         if conn is None or conn.conn_id != envelope.conn_id:
             return [
-                self._refuse(envelope, "node_disconnected", "the node's connection is gone", now)
+                self._refuse(
+                    envelope, TaskErrorCode.NODE_DISCONNECTED, "the node's connection is gone", now
+                )
             ]
         if self.forwarding.known(envelope.task_id, envelope.conn_id):
             return []  # a replayed assign
         if conn.in_flight >= conn.max_parallel:
             message = f"node {conn.node_id} is at capacity"
-            return [self._refuse(envelope, "all_nodes_busy", message, now)]
+            return [self._refuse(envelope, TaskErrorCode.ALL_NODES_BUSY, message, now)]
         self.forwarding.add(
             Forward(
                 task_id=envelope.task_id,
@@ -222,7 +222,7 @@ class Owner:
             for conn in self.nodes.silent(now, silence_deadline_s):
                 self.nodes.unregister(conn.conn_id)
                 effects.append(
-                    CloseNode(conn.conn_id, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
+                    CloseNode(conn.conn_id, CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")
                 )
                 effects += self._lose(conn, "stopped sending heartbeats")
         return effects

@@ -37,10 +37,18 @@ from coordinator.errors import (
     NodeFailed,
     TaskTimedOut,
 )
-from protocol import Assign, BusAssign, BusCancel, BusChunk, BusNodeGone, BusRefused, BusResult
+from protocol import (
+    BUSY_CODES,
+    Assign,
+    BusAssign,
+    BusCancel,
+    BusChunk,
+    BusNodeGone,
+    BusRefused,
+    BusResult,
+    TaskErrorCode,
+)
 
-# Node-reported errors that mean "not now" rather than "this task is broken".
-BUSY_CODES = frozenset({"node_busy", "node_draining", "all_nodes_busy"})
 # An upper bound on placements of one task (each one excludes a node, so this only matters
 # in a very large network whose nodes all turn the task down).
 MAX_PLACEMENTS = 32
@@ -51,7 +59,7 @@ def failure_error(node_id: str, code: str, message: str) -> GemmaNetError:
     """The client-facing error for a task failure a node (or its owner instance) reported."""
     if code in BUSY_CODES:
         return AllNodesBusy(f"node {node_id} refused the task: {message}", retry_after_s=1)
-    if code == "node_disconnected":
+    if code == TaskErrorCode.NODE_DISCONNECTED:
         return NodeDisconnected(message)
     return NodeFailed(f"node {node_id} failed the task ({code}): {message}")
 

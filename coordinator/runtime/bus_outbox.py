@@ -57,7 +57,9 @@ class BusOutbox:
     ) -> None:
         if give_up_at is None:
             give_up_at = self._clock() + give_up_in
-        key = getattr(envelope, "task_id", None) or getattr(envelope, "node_id", "")
+        # A task's envelopes share a lane so they stay in order (a node's, when not per task).
+        task_id = getattr(envelope, "task_id", None)
+        key = str(task_id) if task_id else str(getattr(envelope, "node_id", ""))
         lane = zlib.crc32(key.encode()) % LANES
         try:
             self._lanes[lane][0].send_nowait(

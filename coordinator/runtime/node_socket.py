@@ -16,13 +16,10 @@ from coordinator.core.node_table import NodeConnection
 from coordinator.runtime.node_link import NodeLink
 from coordinator.settings import Settings
 from coordinator.store import Store
-from protocol import Heartbeat, Hello, NodeSession, ProtocolError, Welcome
+from protocol import CloseCode, Heartbeat, Hello, NodeSession, ProtocolError, Welcome
 
 log = logging.getLogger("gemmanet.node_socket")
 
-CLOSE_TRY_AGAIN_LATER = 1013
-CLOSE_AUTH_FAILED = 4001
-CLOSE_PROTOCOL_ERROR = 4002
 HELLO_TIMEOUT_S = 10.0
 
 
@@ -78,13 +75,15 @@ async def _receive_hello(instance: NodeHost, socket: NodeSocket, session: NodeSe
         try:
             envelope = session.receive(data)
         except ProtocolError as exc:
-            raise _Closing(CLOSE_PROTOCOL_ERROR, str(exc)) from None
+            raise _Closing(CloseCode.PROTOCOL_ERROR, str(exc)) from None
         assert isinstance(envelope, Hello)  # the session accepts nothing else first
         if not await instance.store.verify_node_token(envelope.node_id, envelope.token):
             log.warning("node %s failed authentication", envelope.node_id)
-            raise _Closing(CLOSE_AUTH_FAILED, f"authentication failed for node {envelope.node_id}")
+            raise _Closing(
+                CloseCode.AUTH_FAILED, f"authentication failed for node {envelope.node_id}"
+            )
         return envelope
-    raise _Closing(CLOSE_PROTOCOL_ERROR, f"no hello within {HELLO_TIMEOUT_S:g} s")
+    raise _Closing(CloseCode.PROTOCOL_ERROR, f"no hello within {HELLO_TIMEOUT_S:g} s")
 
 
 async def _serve_authenticated(
@@ -95,7 +94,7 @@ async def _serve_authenticated(
         conn = await instance.attach_node(hello, link)
     except CoordinationUnavailable as exc:
         log.warning("refusing node %s for now: %s", hello.node_id, exc)
-        return CLOSE_TRY_AGAIN_LATER, "coordination store unavailable; reconnect later"
+        return CloseCode.TRY_AGAIN_LATER, "coordination store unavailable; reconnect later"
     log.info("node %s connected (%s) serving %s", hello.node_id, conn.conn_id, sorted(conn.models))
     try:
         welcome = Welcome(
@@ -140,6 +139,6 @@ async def _receive_envelopes(
             envelope = session.receive(data)
         except ProtocolError as exc:
             log.warning("node %s sent a bad envelope: %s", conn.node_id, exc)
-            link.request_close(CLOSE_PROTOCOL_ERROR, str(exc))
+            link.request_close(CloseCode.PROTOCOL_ERROR, str(exc))
             return
         instance.on_node_envelope(conn, envelope)

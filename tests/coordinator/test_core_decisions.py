@@ -12,6 +12,7 @@ from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.core.placement import NodeView, choose_node
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.errors import AllNodesBusy, NoNodeForModel
+from protocol import TaskErrorCode
 
 
 def view(node_id: str, *, models=("m",), in_flight=0, max_parallel=2, rating=None) -> NodeView:
@@ -38,7 +39,7 @@ def test_unserved_model_is_refused_not_queued() -> None:
 def test_all_busy_is_a_503_with_its_own_code() -> None:
     with pytest.raises(AllNodesBusy) as info:
         choose_node([view("a", in_flight=2, max_parallel=2)], "m")
-    assert info.value.status == 503 and info.value.code == "all_nodes_busy"
+    assert info.value.status == 503 and info.value.code == TaskErrorCode.ALL_NODES_BUSY
 
 
 def test_fewest_in_flight_wins_over_rating() -> None:

@@ -26,10 +26,12 @@ from protocol import (
     Assign,
     Cancel,
     Chunk,
+    CloseCode,
     Error,
     Heartbeat,
     Hello,
     Result,
+    TaskErrorCode,
     Welcome,
     decode_node,
     encode,
@@ -156,10 +158,10 @@ class FakeCoordinator:
         assert isinstance(hello, Hello)
         self.hellos.append(hello)
         if hello.token != self.token:
-            await ws.aclose(4001, "authentication failed")
+            await ws.aclose(CloseCode.AUTH_FAILED, "authentication failed")
             return
         if not self.welcome:
-            await ws.aclose(1011, "not today")
+            await ws.aclose(CloseCode.INTERNAL_ERROR, "not today")
             return
         n = len(self.conns)
         await ws.send_message(
@@ -415,7 +417,7 @@ async def test_max_parallel_is_honoured(
     for task_id in ("t1", "t2", "t3"):
         await conn.send(assign(task_id, task_id, stream=False))
     busy = await conn.recv()
-    assert (busy.task_id, busy.code) == ("t3", "node_busy")
+    assert (busy.task_id, busy.code) == ("t3", TaskErrorCode.NODE_BUSY)
     assert gate.started == ["t1", "t2"]
     seen = len(conn.heartbeats)
     await wait_until(lambda: len(conn.heartbeats) > seen)
@@ -512,7 +514,7 @@ async def test_replaced_connection_exits_without_reconnecting(
 ) -> None:
     run = start_agent(nursery, coordinator.url)
     conn = await coordinator.next_conn()
-    await conn.close(4000, "replaced")
+    await conn.close(CloseCode.REPLACED, "replaced")
     refused = await run.wait()
     assert refused is not None and refused.exit_code != 0
     assert refused.message == "replaced by a newer connection of node node-1"
@@ -531,7 +533,10 @@ async def test_bad_token_exits_without_reconnecting(
     assert len(coordinator.hellos) == 1
 
 
-@pytest.mark.parametrize("how", ["tcp", 1001, 1011, 4002])
+@pytest.mark.parametrize(
+    "how",
+    ["tcp", CloseCode.GOING_AWAY, CloseCode.INTERNAL_ERROR, CloseCode.PROTOCOL_ERROR],
+)
 async def test_a_lost_connection_reconnects_and_cancels_its_tasks(
     coordinator: FakeCoordinator, nursery: trio.Nursery, how: str | int
 ) -> None:
@@ -607,7 +612,7 @@ async def test_drain_finishes_running_tasks_and_refuses_new_ones(
     run.agent.request_drain()
     await conn.send(assign("t2", "t2"))
     refused = await conn.recv()
-    assert (refused.task_id, refused.code) == ("t2", "node_draining")
+    assert (refused.task_id, refused.code) == ("t2", TaskErrorCode.NODE_DRAINING)
     gate.release.set()
     assert await conn.recv() == Chunk(task_id="t1", seq=1, delta="t1:second")
     assert await conn.recv() == Result(task_id="t1", output="t1:first t1:second", chunks=2)
@@ -766,18 +771,18 @@ async def _spawn(nursery: trio.Nursery, cmd: list[str]) -> tuple[trio.Process, d
 @pytest.mark.parametrize(
     ("code", "exit_code", "line"),
     [
-        (4000, 3, "gemmanet node: replaced by a newer connection of node node-1"),
-        (4001, 4, "gemmanet node: authentication failed for node node-1: check --token"),
+        (CloseCode.REPLACED, 3, "gemmanet node: replaced by a newer connection of node node-1"),
+        (CloseCode.AUTH_FAILED, 4, "gemmanet node: authentication failed for node node-1: check --token"),
     ],
 )
 async def test_process_exits_with_the_reason_on_stderr(
     coordinator: FakeCoordinator, nursery: trio.Nursery, code: int, exit_code: int, line: str
 ) -> None:
-    token = TOKEN if code == 4000 else "wrong"
+    token = TOKEN if code == CloseCode.REPLACED else "wrong"
     process, out = await _spawn(nursery, _agent_cmd(coordinator.url, token=token))
-    if code == 4000:
+    if code == CloseCode.REPLACED:
         conn = await coordinator.next_conn(timeout=15)
-        await conn.close(4000, "replaced")
+        await conn.close(CloseCode.REPLACED, "replaced")
     with trio.fail_after(15):
         await process.wait()
     assert process.returncode == exit_code

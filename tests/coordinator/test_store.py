@@ -185,13 +185,13 @@ async def test_rating_a_task(store: Store) -> None:
 
     with pytest.raises(AlreadyRated) as already:
         await store.rate_task("t1", "key_1", 5)
-    assert (already.value.http_status, already.value.code) == (409, "already_rated")
+    assert (already.value.status, already.value.code) == (409, "already_rated")
     with pytest.raises(TaskNotFound) as missing:
         await store.rate_task("t-missing", "key_1", 3)
-    assert (missing.value.http_status, missing.value.code) == (404, "task_not_found")
+    assert (missing.value.status, missing.value.code) == (404, "task_not_found")
     with pytest.raises(TaskForbidden) as forbidden:
         await store.rate_task("t1", "key_2", 3)
-    assert (forbidden.value.http_status, forbidden.value.code) == (403, "forbidden")
+    assert (forbidden.value.status, forbidden.value.code) == (403, "forbidden")
 
     await store.record_task(make_task("t2", "key_1"))
     for bad in [0, 6, True, 2.5]:
@@ -321,5 +321,5 @@ async def test_in_memory_sqlite_is_one_database_across_threads() -> None:
 def test_unreachable_database_is_unavailable_without_leaking_the_password() -> None:
     with pytest.raises(StoreUnavailable) as excinfo:
         Store.open("postgresql://postgres:s3cret-pw@127.0.0.1:1/test?connect_timeout=2")
-    assert excinfo.value.http_status == 503
+    assert excinfo.value.status == 503
     assert "s3cret-pw" not in str(excinfo.value)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 
-from protocol import Assign, Chunk, Result
+from protocol import Assign, Chunk, CloseCode, Result, TaskErrorCode
 from tests.fixtures.processes import Coordinator, Processes, wait_until
 from tests.fixtures.raw_node import raw_node
 
@@ -106,7 +106,7 @@ async def test_duplicate_identity_across_instances_is_replaced(shared, two) -> N
     async with raw_node(a.url, "twin", token) as first:
         wait_until(lambda: sees_node(b, "twin"), "B sees the twin on A")
         async with raw_node(b.url, "twin", token):
-            assert await first.close_code() == 4000
+            assert await first.close_code() == CloseCode.REPLACED
             wait_until(
                 lambda: [n["instance_id"] for n in a.nodes()] == ["B"], "A sees the twin on B"
             )
@@ -138,10 +138,10 @@ async def test_kill_9_of_the_owner_fails_tasks_on_b_within_3s(shared, two, strea
     assert answered_at - killed_at < 3.0, answered_at - killed_at
     if stream:
         assert response.status_code == 200
-        assert '"node_disconnected"' in response.text and '"status":502' in response.text
+        assert f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text and '"status":502' in response.text
     else:
         assert response.status_code == 502
-        assert response.json()["error"]["code"] == "node_disconnected"
+        assert response.json()["error"]["code"] == TaskErrorCode.NODE_DISCONNECTED
     wait_until(lambda: b.status()["instances"] == 1, "B counts one instance", timeout_s=5)
 
 

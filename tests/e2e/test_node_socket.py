@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from protocol import Assign, Cancel, Chunk, Error, Hello, Result
+from protocol import Assign, Cancel, Chunk, CloseCode, Error, Hello, Result, TaskErrorCode
 from tests.fixtures.processes import Coordinator, Processes, wait_until
 from tests.fixtures.raw_node import raw_node
 
@@ -53,7 +53,7 @@ async def test_second_connection_replaces_the_first_with_4000(procs, coord) -> N
         raw_node(coord.url, "dup", token) as first,
         raw_node(coord.url, "dup", token) as second,
     ):
-        assert await first.close_code() == 4000
+        assert await first.close_code() == CloseCode.REPLACED
         assert second.welcome is not None
         assert coord.status()["online_nodes"] == 1
 
@@ -62,10 +62,10 @@ async def test_bad_token_is_4001(procs, coord) -> None:
     procs.enroll("n1")
     async with raw_node(coord.url, "n1", "gnn_wrong", handshake=False) as node:
         await node.send(Hello(node_id="n1", token="gnn_wrong", models=["echo"]))
-        assert await node.close_code() == 4001
+        assert await node.close_code() == CloseCode.AUTH_FAILED
     async with raw_node(coord.url, "never-enrolled", "x", handshake=False) as node:
         await node.send(Hello(node_id="never-enrolled", token="gnn_x", models=["echo"]))
-        assert await node.close_code() == 4001
+        assert await node.close_code() == CloseCode.AUTH_FAILED
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ async def test_bad_first_envelope_is_4002(procs, coord, payload) -> None:
     procs.enroll("n1")
     async with raw_node(coord.url, "n1", "x", handshake=False) as node:
         await node.send_raw(payload)
-        assert await node.close_code() == 4002
+        assert await node.close_code() == CloseCode.PROTOCOL_ERROR
 
 
 async def test_garbage_after_hello_is_4002_and_others_are_undisturbed(procs, coord, key) -> None:
@@ -93,7 +93,7 @@ async def test_garbage_after_hello_is_4002_and_others_are_undisturbed(procs, coo
             assign = await good.receive()
             assert isinstance(assign, Assign)
             await bad.send_raw('{"v": 1, "type": "chunk", "task_id": 5}')
-            assert await bad.close_code() == 4002
+            assert await bad.close_code() == CloseCode.PROTOCOL_ERROR
             await good.send(Result(task_id=assign.task_id, output="still fine"))
         assert results[0].status_code == 200 and results[0].json()["output"] == "still fine"
 
@@ -151,7 +151,7 @@ async def test_node_disconnect_mid_task_is_502_at_once(procs, coord, key) -> Non
         # leaving the block closed the socket mid-task
     response, answered_at = results[0]
     assert response.status_code == 502
-    assert response.json()["error"]["code"] == "node_disconnected"
+    assert response.json()["error"]["code"] == TaskErrorCode.NODE_DISCONNECTED
     assert answered_at - closed_at < 1.0
 
 
@@ -169,7 +169,7 @@ async def test_stream_gets_error_event_when_node_dies_after_first_chunk(procs, c
     response = results[0]
     assert response.status_code == 200
     assert '"delta": "p "' in response.text or '"delta":"p "' in response.text
-    assert '"node_disconnected"' in response.text and '"status":502' in response.text
+    assert f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text and '"status":502' in response.text
 
 
 async def test_node_error_is_502_node_error(procs, coord, key) -> None:
@@ -192,7 +192,7 @@ async def test_silent_node_is_dropped_and_its_task_fails(procs, coord, key) -> N
         # heartbeat 0.5 s x 3 misses: dropped after 1.5-2 s, not after the 120 s task timeout
         assert results[0].status_code == 502
         assert time.monotonic() - started < 5
-        assert await node.close_code() == 4003
+        assert await node.close_code() == CloseCode.HEARTBEAT_TIMEOUT
     assert coord.status()["online_nodes"] == 0
 
 
@@ -220,6 +220,6 @@ async def test_max_parallel_is_honoured(procs, coord, key) -> None:
             assign = await node.receive()
             second = await post(coord, key, model="echo", prompt="second")
             assert second.status_code == 503
-            assert second.json()["error"]["code"] == "all_nodes_busy"
+            assert second.json()["error"]["code"] == TaskErrorCode.ALL_NODES_BUSY
             await node.send(Result(task_id=assign.task_id, output="first"))
         assert results[0].status_code == 200

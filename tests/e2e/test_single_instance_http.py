@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from coordinator.settings import Settings
 from tests.fixtures.processes import Coordinator, Processes
 
 pytestmark = pytest.mark.e2e
@@ -112,7 +113,7 @@ def test_errors_are_json_with_the_interface_statuses(setup) -> None:
         (auth, b'["model", "echo"]', 422, "invalid_request"),
         (
             auth,
-            b'{"model": "echo", "prompt": "' + b"x" * (1024 * 1024 + 10) + b'"}',
+            b'{"model": "echo", "prompt": "' + b"x" * (Settings.max_body_bytes + 10) + b'"}',
             413,
             "payload_too_large",
         ),

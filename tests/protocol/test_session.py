@@ -14,6 +14,7 @@ from protocol import (
     BusCancel,
     Cancel,
     Chunk,
+    CloseCode,
     Error,
     Heartbeat,
     Hello,
@@ -95,7 +96,7 @@ def test_the_coordinator_refuses_anything_before_hello() -> None:
         with pytest.raises(UnexpectedEnvelope, match="awaiting_hello") as caught:
             coordinator.receive(encode(envelope))
         assert caught.value.envelope == envelope
-        assert caught.value.close_code == 4002
+        assert caught.value.close_code == CloseCode.PROTOCOL_ERROR
         assert coordinator.state is SessionState.CLOSED
 
 

@@ -38,11 +38,13 @@ from protocol import (
     Assign,
     Cancel,
     Chunk,
+    CloseCode,
     Error,
     Heartbeat,
     Hello,
     ProtocolError,
     Result,
+    TaskErrorCode,
     Welcome,
     decode_node,
     encode,
@@ -58,12 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("gemmanet.node")
-
-CLOSE_NORMAL: Final = 1000
-CLOSE_GOING_AWAY: Final = 1001
-CLOSE_REPLACED: Final = 4000
-CLOSE_AUTH_FAILED: Final = 4001
-CLOSE_PROTOCOL_ERROR: Final = 4002
 
 EXIT_REPLACED: Final = 3
 EXIT_AUTH_FAILED: Final = 4
@@ -243,13 +239,13 @@ class NodeAgent:
         reason = ws.closed
         code = reason.code if reason is not None else None
         node = self.config.node_id
-        if code == CLOSE_REPLACED:
+        if code == CloseCode.REPLACED:
             raise AgentExit(EXIT_REPLACED, f"replaced by a newer connection of node {node}")
-        if code == CLOSE_AUTH_FAILED:
+        if code == CloseCode.AUTH_FAILED:
             raise AgentExit(
                 EXIT_AUTH_FAILED, f"authentication failed for node {node}: check --token"
             )
-        if reason is not None and code != CLOSE_NORMAL:
+        if reason is not None and code != CloseCode.NORMAL:
             log.warning("connection closed: %s %s", code, reason.reason or "")
         elif reason is not None and not self._drain_requested.is_set():
             log.warning("coordinator closed the connection")
@@ -277,10 +273,10 @@ class NodeAgent:
             return None
         except trio.TooSlowError:
             log.warning("no welcome within %.1f s", self.config.handshake_timeout_s)
-            await self._close(ws, CLOSE_GOING_AWAY, "no welcome")
+            await self._close(ws, CloseCode.GOING_AWAY, "no welcome")
         except ProtocolError as exc:
             log.warning("bad frame during handshake: %s", _short(str(exc)))
-            await self._close(ws, CLOSE_PROTOCOL_ERROR, "protocol error")
+            await self._close(ws, CloseCode.PROTOCOL_ERROR, "protocol error")
         return None
 
     async def _close(self, ws: WebSocketConnection, code: int, reason: str) -> None:
@@ -348,7 +344,7 @@ class NodeAgent:
                 return
             except trio.TooSlowError:
                 log.warning("nothing from the coordinator for %.1f s; reconnecting", silence_s)
-                await self._close(ws, CLOSE_GOING_AWAY, "heartbeat timeout")
+                await self._close(ws, CloseCode.GOING_AWAY, "heartbeat timeout")
                 return
             try:
                 envelope = decode_node(raw)
@@ -382,18 +378,18 @@ class NodeAgent:
         task_id = assign.task_id
         refusal: tuple[str, str] | None = None
         if self._drain_requested.is_set():
-            refusal = ("node_draining", f"node {self.config.node_id} is shutting down")
+            refusal = (TaskErrorCode.NODE_DRAINING, f"node {self.config.node_id} is shutting down")
         elif task_id in self._running:
             log.warning("ignoring duplicate assign of running task %s", task_id)
             return
         elif assign.model not in self.config.models:
             refusal = (
-                "model_not_served",
+                TaskErrorCode.MODEL_NOT_SERVED,
                 f"node {self.config.node_id} does not serve model {assign.model!r}",
             )
         elif len(self._running) >= self.config.max_parallel:
             refusal = (
-                "node_busy",
+                TaskErrorCode.NODE_BUSY,
                 (
                     f"node {self.config.node_id} already runs {len(self._running)} task(s) "
                     f"(max_parallel {self.config.max_parallel})"
@@ -437,18 +433,18 @@ class NodeAgent:
                         parts.append(delta)
         except trio.TooSlowError:
             message = f"backend did not finish within {assign.timeout_s:g} s"
-            await outbox.send(Error(task_id=task_id, code="backend_timeout", message=message))
+            await outbox.send(Error(task_id=task_id, code=TaskErrorCode.BACKEND_TIMEOUT, message=message))
             return
         except BackendError as exc:
             log.warning("task %s failed: %s", task_id, exc)
             await outbox.send(
-                Error(task_id=task_id, code="backend_error", message=_short(str(exc)))
+                Error(task_id=task_id, code=TaskErrorCode.BACKEND_ERROR, message=_short(str(exc)))
             )
             return
         except Exception as exc:  # a backend bug must not take the node down
             log.exception("task %s: backend crashed", task_id)
             message = _short(f"{type(exc).__name__}: {exc}")
-            await outbox.send(Error(task_id=task_id, code="backend_error", message=message))
+            await outbox.send(Error(task_id=task_id, code=TaskErrorCode.BACKEND_ERROR, message=message))
             return
         chunks = len(parts) if assign.stream else 0
         await outbox.send(Result(task_id=task_id, output="".join(parts), chunks=chunks))
@@ -475,4 +471,4 @@ class NodeAgent:
             for scope in list(self._running.values()):
                 scope.cancel()
             await self._wait_idle()
-        await outbox.send(_CloseRequest(CLOSE_NORMAL, "node shutting down"))
+        await outbox.send(_CloseRequest(CloseCode.NORMAL, "node shutting down"))
