@@ -141,8 +141,7 @@ class MemoryCoordination(Coordination):
         )
 
     async def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
-        state = await self._enter()
-        return state.presence.read(registry, now=state._tick(), stall_after_s=stall_after_s)
+        return (await self._enter()).presence_read(registry, stall_after_s=stall_after_s)
 
     async def presence_leave(self, registry: str, member: str) -> None:
         (await self._enter()).presence.leave(registry, member)

@@ -235,7 +235,33 @@ class MemoryBus(Bus):
             return ZERO
         return last
 
-    async def _keep_present(self, instance_id: str, token: int) -> None:
+    # -- the durable listen's steps (``_DurableListen`` below) ------------------------------
+
+    async def open_durable(self, instance_id: str) -> tuple[int, MemoryInbox]:
+        """Start a durable listen: fix where it starts, then become present."""
+        await self._io()
+        self._last_ids[instance_id] = self._start_after(instance_id)
+        # Present only once the start id is fixed: whatever is appended from now on comes
+        # after it.
+        token = self.hub.new_token()
+        self.hub.refresh(instance_id, token, self.presence_ttl_s, self.retention_s)
+        inbox = MemoryInbox(self, instance_id, 1)
+        self._open[instance_id] = inbox
+        return token, inbox
+
+    def close_durable(
+        self, instance_id: str, token: int, inbox: MemoryInbox, *, lost: bool
+    ) -> None:
+        """End a durable listen. Closed on purpose, senders learn at once that nobody
+        listens; after a lost listen the presence expires by itself, so that what is sent
+        until then waits for a re-listen."""
+        if self._open.get(instance_id) is inbox:
+            del self._open[instance_id]
+        inbox.cut(lost=lost)
+        if not lost and not self._killed:
+            self.hub.withdraw(instance_id, token)
+
+    async def keep_present(self, instance_id: str, token: int) -> None:
         while True:
             await trio.sleep(self.refresh_s)
             try:
@@ -260,16 +286,10 @@ class _DurableListen(AbstractAsyncContextManager[Subscription]):
 
     async def __aenter__(self) -> MemoryInbox:
         bus, instance_id = self._bus, self._instance_id
-        await bus._io()
-        bus._last_ids[instance_id] = bus._start_after(instance_id)
-        # Present only once the start id is fixed: whatever is appended from now on comes
-        # after it.
-        self._token = bus.hub.new_token()
-        bus.hub.refresh(instance_id, self._token, bus.presence_ttl_s, bus.retention_s)
+        self._token, inbox = await bus.open_durable(instance_id)
+        self._inbox = inbox
         self._refresher = nursery = await self._stack.enter_async_context(trio.open_nursery())
-        nursery.start_soon(bus._keep_present, instance_id, self._token)
-        self._inbox = inbox = MemoryInbox(bus, instance_id, 1)
-        bus._open[instance_id] = inbox
+        nursery.start_soon(bus.keep_present, instance_id, self._token)
         return inbox
 
     async def __aexit__(
@@ -281,14 +301,7 @@ class _DurableListen(AbstractAsyncContextManager[Subscription]):
         bus, instance_id, inbox = self._bus, self._instance_id, self._inbox
         assert inbox is not None
         lost = inbox.lost or isinstance(exc, CoordinationUnavailable)
-        if bus._open.get(instance_id) is inbox:
-            del bus._open[instance_id]
-        inbox.cut(lost=lost)
         assert self._refresher is not None
         self._refresher.cancel_scope.cancel()
         await self._stack.aclose()
-        if not lost and not bus._killed:
-            # Closed on purpose: senders learn at once that nobody listens. (After a lost
-            # listen the presence expires by itself, so that what is sent until then waits
-            # for a re-listen.)
-            bus.hub.withdraw(instance_id, self._token)
+        bus.close_durable(instance_id, self._token, inbox, lost=lost)

@@ -196,6 +196,9 @@ class MemoryState:
         retry_after = max(releasing + period_s - now, 0.0)
         return RateDecision(allowed=False, retry_after_s=retry_after, remaining=0)
 
+    def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
+        return self.presence.read(registry, now=self._tick(), stall_after_s=stall_after_s)
+
     def presence_beat(
         self,
         registry: str,

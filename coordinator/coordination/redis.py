@@ -31,8 +31,6 @@ from typing import Any, Self
 
 import trio
 from coredis import BaseConnection
-from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import RedisError
 
 from coordinator.coordination.base import (
     Coordination,
@@ -336,12 +334,7 @@ class RedisCoordination(RedisLink, Coordination):
         async def open_and_subscribe(op: _Operation) -> None:
             nonlocal connection
             connection = await self._open_connection()
-            subscription._connection = connection
-            await nursery.start(subscription._pump, connection)
-            connection.send_command(b"SUBSCRIBE", self._name(channel))
-            await subscription._subscribed.wait()
-            if subscription._pump_done:
-                raise RedisConnectionError("connection lost while subscribing")
+            await subscription.open(connection, nursery)
 
         try:
             await self._guarded(f"SUBSCRIBE {channel!r}", open_and_subscribe)
@@ -352,25 +345,7 @@ class RedisCoordination(RedisLink, Coordination):
         try:
             yield subscription
         finally:
-            subscription._closing = True
-            await self._unsubscribe(subscription)
-
-    async def _unsubscribe(self, subscription: RedisSubscription) -> None:
-        connection = subscription._connection
-        if connection is None:
-            return
-        # Wait for the ack so subscriber_count is accurate as soon as the block is left.
-        with trio.move_on_after(self.op_timeout_s) as scope:
-            scope.shield = True
-            if connection.usable and not subscription._pump_done:
-                try:
-                    connection.send_command(b"UNSUBSCRIBE")
-                except RedisError:
-                    pass
-                else:
-                    await subscription._unsubscribed.wait()
-        connection.invalidate("unsubscribed")
-        subscription._receive.close()
+            await subscription.close(self.op_timeout_s)
 
     # -- raw commands -------------------------------------------------------------------------
     # For transports built on this backend (coordinator/coordination/streams_bus.py): the same

@@ -14,17 +14,27 @@ A closed or reset connection is still reported at once.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 from coredis import BaseConnection
 from coredis.exceptions import ConnectionError as RedisConnectionError
+from coredis.exceptions import RedisError
 
 from coordinator.coordination.base import CoordinationUnavailable, Subscription
 from coordinator.coordination.redis_errors import KEEPALIVE_FAILURES
 
-if TYPE_CHECKING:
-    from coordinator.coordination.redis import RedisCoordination
+
+class SubscriptionHost(Protocol):
+    """What a subscription needs of the backend that opened it (``RedisCoordination``)."""
+
+    @property
+    def subscription_keepalive_s(self) -> float: ...
+    @property
+    def subscription_stall_s(self) -> float: ...
+    @property
+    def closed(self) -> bool: ...
+
 
 __all__ = ["RedisSubscription"]
 
@@ -35,7 +45,7 @@ class RedisSubscription(Subscription):
     """Messages of one channel, read from a dedicated connection."""
 
     def __init__(
-        self, owner: RedisCoordination, channel: str, redis_channel: str, buffer: int
+        self, owner: SubscriptionHost, channel: str, redis_channel: str, buffer: int
     ) -> None:
         self._owner = owner
         self._channel = channel
@@ -87,6 +97,34 @@ class RedisSubscription(Subscription):
             raise CoordinationUnavailable(
                 f"Redis stopped answering on the subscription to {self._channel!r}"
             ) from exc
+
+    async def open(self, connection: BaseConnection, nursery: trio.Nursery) -> None:
+        """Subscribe on ``connection`` (dedicated to this subscription); the pump that moves
+        its push messages runs in ``nursery``. Raises when the connection drops meanwhile."""
+        self._connection = connection
+        await nursery.start(self._pump, connection)
+        connection.send_command(b"SUBSCRIBE", self._channel_bytes)
+        await self._subscribed.wait()
+        if self._pump_done:
+            raise RedisConnectionError("connection lost while subscribing")
+
+    async def close(self, timeout_s: float) -> None:
+        """Unsubscribe and wait (shielded, at most ``timeout_s``) for the ack, so a subscriber
+        count read right after the block is accurate; then retire the connection."""
+        self._closing = True
+        connection = self._connection
+        if connection is None:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
+            if connection.usable and not self._pump_done:
+                try:
+                    connection.send_command(b"UNSUBSCRIBE")
+                except RedisError:
+                    pass
+                else:
+                    await self._unsubscribed.wait()
+        connection.invalidate("unsubscribed")
+        self._receive.close()
 
     async def _pump(
         self,

@@ -11,9 +11,9 @@ The task tree of one instance::
     ├── _read_bus                        this instance's inbox -> machine.bus_envelope
     ├── BusOutbox.run                    ordered sender lanes -> peers' inboxes
     ├── Membership.run                   presence heartbeat, peers' snapshots
-    ├── _check_ownership                 our nodes' owner records, every beat
-    ├── _sweep                           ticks: deadlines, silent nodes, dead peers
-    ├── _refresh_ratings                 node ratings from the store
+    ├── Supervisor.sweep                 ticks: deadlines, silent nodes, dead peers
+    ├── Supervisor.check_ownership       our nodes' owner records, every beat
+    ├── Supervisor.refresh_ratings       node ratings from the store
     └── serve_node (one per node)        a node WebSocket; stopping the instance closes it
 
 Stopping the instance cancels the whole tree, node sockets included.
@@ -32,7 +32,7 @@ import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.bus import Bus
-from coordinator.core import registry
+from coordinator.core import cluster_view
 from coordinator.core.effects import (
     CloseNode,
     Deliver,
@@ -55,19 +55,20 @@ from coordinator.errors import (
     StartupRefused,
 )
 from coordinator.runtime.bus_outbox import BusOutbox
+from coordinator.runtime.bus_reader import read_inbox
 from coordinator.runtime.membership import Membership
 from coordinator.runtime.node_link import NodeLink
-from coordinator.runtime.node_socket import NodeSocket, serve_node_socket
+from coordinator.runtime.node_socket import NodeSocket, serve_node_in
 from coordinator.runtime.ownership import Ownership
+from coordinator.runtime.supervision import Supervisor
 from coordinator.runtime.task_handle import TaskHandle
 from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
-from coordinator.store import Store, TaskNotFound, TaskRecord
+from coordinator.store import Store
 from protocol import Assign, BusReplace, Error, Hello, ProtocolError, decode_bus, encode
 
 log = logging.getLogger("gemmanet.instance")
 
-RATINGS_REFRESH_S = 15.0
 REPLACE_GIVE_UP_S = 5.0
 
 
@@ -100,7 +101,8 @@ class Instance:
         self.membership = Membership(
             coordination, bus, settings, snapshot=self.machine.snapshot, clock=clock
         )
-        self.membership.on_presence_lapsed = self._after_presence_lapsed
+        self.supervisor = Supervisor(self)
+        self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
         self.ownership = Ownership(coordination, self.instance_id, ttl_s=settings.owner_ttl_s)
         self._links: dict[str, NodeLink] = {}
@@ -119,6 +121,7 @@ class Instance:
             await self.coordination.ping()
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+        supervisor = self.supervisor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.recorder.run)
@@ -127,9 +130,9 @@ class Instance:
             await nursery.start(self._read_bus)
             await nursery.start(self.outbox.run)
             await nursery.start(self.membership.run)
-            nursery.start_soon(self._check_ownership)
-            nursery.start_soon(self._sweep)
-            nursery.start_soon(self._refresh_ratings)
+            nursery.start_soon(supervisor.sweep)
+            nursery.start_soon(supervisor.check_ownership)
+            nursery.start_soon(supervisor.refresh_ratings)
             task_status.started()
 
     async def leave(self) -> None:
@@ -150,84 +153,18 @@ class Instance:
         except RuntimeError:  # the nursery is closed: we are shutting down
             pass
 
-    async def _sweep(self) -> None:
-        """Every ``sweep_s``: deadlines, silent nodes, and the liveness of the peers we depend
-        on (the judge reads even with nobody to judge: it must see Redis answer every sweep to
-        tell a paused Redis from a dead peer)."""
-        sweep = self.settings.sweep_s
-        heartbeat = self.settings.heartbeat_interval_s
-        silence_deadline = heartbeat * self.settings.heartbeat_misses
-        last_tick = self.clock()
-        judge_silence_from = last_tick
-        while True:
-            await trio.sleep(sweep)
-            now = self.clock()
-            if now - last_tick > 2 * max(sweep, heartbeat):
-                # This process was frozen (SIGSTOP, swapping, a debugger): the nodes'
-                # heartbeats are still waiting in the sockets. Read them before judging.
-                judge_silence_from = now + heartbeat
-            last_tick = now
-            silence = silence_deadline if now >= judge_silence_from else None
-            self._apply(self.machine.tick(now, silence_deadline_s=silence))
-            try:
-                dead = await self.membership.dead_among(self.machine.peers_of_interest())
-            except CoordinationUnavailable:
-                continue  # cannot tell: nobody is declared dead on a silent Redis
-            if dead:
-                self.peers_died(dead)
+    def node_owned_elsewhere(self, conn: NodeConnection) -> None:
+        """The node's identity is owned by a newer connection elsewhere: close ours (4000)."""
+        log.warning("node %s is owned elsewhere now; closing our connection", conn.node_id)
+        self.apply(self.machine.node_replaced(conn.conn_id, conn.node_id, self.clock()))
 
     def peers_died(self, dead: set[str]) -> None:
         """Judged dead: tasks waiting on them end with 502, tasks run for them stop."""
-        self._apply(self.machine.peers_dead(dead, self.clock()))
-
-    async def _refresh_ratings(self) -> None:
-        while True:
-            try:
-                self.machine.set_ratings(await self.store.node_ratings())
-            except Exception:
-                log.exception("could not refresh node ratings")
-            await trio.sleep(RATINGS_REFRESH_S)
-
-    async def _after_presence_lapsed(self) -> None:
-        """Our presence had expired (a freeze, a Redis outage): peers may have declared us
-        dead and failed what they asked of us, and our nodes may have reconnected elsewhere."""
-        dropped = self.machine.owner.forwarding.remote_count(self.instance_id)
-        self._apply(self.machine.presence_lapsed(self.clock()))
-        if dropped or len(self.nodes):
-            log.warning(
-                "instance %s was considered dead; dropped %d forwarded task(s), re-checking "
-                "ownership of %d node(s)",
-                self.instance_id,
-                dropped,
-                len(self.nodes),
-            )
-        for conn in self.nodes.connections():
-            if not await self.ownership.confirm(conn):
-                log.warning("node %s is owned elsewhere now; closing ours", conn.node_id)
-                self._apply(self.machine.node_replaced(conn.conn_id, conn.node_id, self.clock()))
-
-    async def _check_ownership(self) -> None:
-        refresh_every = self.settings.owner_ttl_s / 3
-        last_refresh = self.clock()
-        while True:
-            await trio.sleep(self.settings.beat_s)
-            try:
-                for conn in await self.ownership.owned_elsewhere(self.nodes.connections()):
-                    self._apply(
-                        self.machine.node_replaced(conn.conn_id, conn.node_id, self.clock())
-                    )
-                if self.clock() - last_refresh >= refresh_every:
-                    last_refresh = self.clock()
-                    for conn in self.nodes.connections():
-                        if not await self.ownership.confirm(conn):
-                            now = self.clock()
-                            self._apply(self.machine.node_replaced(conn.conn_id, conn.node_id, now))
-            except CoordinationUnavailable as exc:
-                log.warning("could not check node ownership: %s", exc)
+        self.apply(self.machine.peers_dead(dead, self.clock()))
 
     # -- effects ----------------------------------------------------------------------------
 
-    def _apply(self, effects: list[Effect]) -> None:
+    def apply(self, effects: list[Effect]) -> None:
         """Carry out the machine's effects in order. Dispatches run in the background."""
         for effect in effects:
             if isinstance(effect, Deliver):
@@ -257,7 +194,7 @@ class Instance:
         if task_id is not None:
 
             def on_unreached() -> None:
-                self._apply(self.machine.answer_unreached(task_id, self.clock()))
+                self.apply(self.machine.answer_unreached(task_id, self.clock()))
 
         self.outbox.send(
             effect.target, effect.envelope, give_up_at=effect.give_up_at, on_unreached=on_unreached
@@ -286,7 +223,7 @@ class Instance:
         own assign to reach its owner, and for any placement that follows)."""
         while effects:
             dispatches = [e for e in effects if isinstance(e, Dispatch)]
-            self._apply([e for e in effects if not isinstance(e, Dispatch)])
+            self.apply([e for e in effects if not isinstance(e, Dispatch)])
             effects = []
             for dispatch in dispatches:
                 effects += await self._dispatch(dispatch)
@@ -297,24 +234,7 @@ class Instance:
         """Serve a node WebSocket as a task of the instance nursery (stopping the instance
         closes it); returns when the socket is done."""
         assert self._nursery is not None, "the instance is not running"
-        done = trio.Event()
-
-        async def serve(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
-            with trio.CancelScope() as scope:
-                task_status.started(scope)
-                try:
-                    await serve_node_socket(self, socket)
-                finally:
-                    done.set()
-
-        scope = await self._nursery.start(serve)
-        try:
-            await done.wait()
-        finally:
-            if not done.is_set():  # our caller was cancelled: the socket goes with it
-                scope.cancel()
-                with trio.CancelScope(shield=True):
-                    await done.wait()
+        await serve_node_in(self._nursery, self, socket)
 
     async def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection:
         """Register an authenticated connection; an older one of the same identity (here or on
@@ -332,7 +252,7 @@ class Instance:
             last_seen=now,
         )
         self._links[conn.conn_id] = link
-        self._apply(self.machine.node_connected(conn, now))
+        self.apply(self.machine.node_connected(conn, now))
         try:
             previous = await self.ownership.claim(conn)
         except BaseException:
@@ -349,40 +269,22 @@ class Instance:
 
     def detach_node(self, conn: NodeConnection, why: str = "disconnected") -> None:
         """The connection is gone: its pending tasks fail at once (502)."""
-        self._apply(self.machine.node_disconnected(conn.conn_id, why, self.clock()))
+        self.apply(self.machine.node_disconnected(conn.conn_id, why, self.clock()))
         self._links.pop(conn.conn_id, None)
 
     def on_node_envelope(self, conn: NodeConnection, envelope: object) -> None:
         if isinstance(envelope, Error) and envelope.task_id is None:
             log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
-        self._apply(self.machine.node_envelope(conn.conn_id, envelope, self.clock()))
+        self.apply(self.machine.node_envelope(conn.conn_id, envelope, self.clock()))
 
     # -- the bus ----------------------------------------------------------------------------
 
     async def _read_bus(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        backoff = 0.1
-        started = False
-        while True:
-            try:
-                async with self.bus.listen(self.instance_id) as inbox:
-                    if not started:
-                        task_status.started()
-                        started = True
-                    elif self.bus_losses:
-                        log.info("instance bus re-established")
-                    backoff = 0.1
-                    async for payload in inbox:
-                        self._on_bus_payload(payload)
-            except CoordinationUnavailable as exc:
-                if not started:
-                    raise StartupRefused(f"cannot subscribe to the instance bus: {exc}") from None
-                self.bus_losses += 1
-                log.warning("instance bus lost (%s); failing tasks whose answers may be lost", exc)
-                self._apply(self.machine.bus_lost(self.clock()))
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+        await read_inbox(
+            self.bus, self.instance_id, self._on_bus_payload, self._on_bus_lost, task_status
+        )
 
     def _on_bus_payload(self, payload: bytes) -> None:
         try:
@@ -390,7 +292,11 @@ class Instance:
         except ProtocolError as exc:
             log.warning("dropped an unreadable bus envelope: %s", exc)
             return
-        self._apply(self.machine.bus_envelope(envelope, self.clock()))
+        self.apply(self.machine.bus_envelope(envelope, self.clock()))
+
+    def _on_bus_lost(self) -> None:
+        self.bus_losses += 1
+        self.apply(self.machine.bus_lost(self.clock()))
 
     # -- request side -----------------------------------------------------------------------
 
@@ -427,7 +333,7 @@ class Instance:
             await self._carry_out(self.machine.submit(assign, deadline, now))
         except BaseException:
             self._waiting.pop(task_id, None)
-            self._apply(self.machine.request_ended(task_id, "client_gone", self.clock()))
+            self.apply(self.machine.request_ended(task_id, "client_gone", self.clock()))
             raise
         placement = self.machine.requester.placement(task_id)
         if placement is None:
@@ -465,8 +371,8 @@ class Instance:
             return
         handle.outcome = outcome
         self._waiting.pop(handle.task_id, None)
-        self._apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
-        self._record(handle)
+        self.apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
+        self.recorder.add(handle.record(self.instance_id, finished_at=self._wall_clock()))
 
     @asynccontextmanager
     async def open_task(
@@ -489,93 +395,19 @@ class Instance:
         finally:
             await self.end_task(handle, outcome)
 
-    def _record(self, handle: TaskHandle) -> None:
-        outcome = handle.outcome or "ok"
-        self.recorder.add(
-            TaskRecord(
-                task_id=handle.task_id,
-                key_id=handle.key_id,
-                node_id=handle.node_id,
-                model=handle.model,
-                status="ok" if outcome == "ok" else "error",
-                error_code=None if outcome == "ok" else outcome,
-                created_at=handle.created_at,
-                finished_at=self._wall_clock(),
-                stream=handle.stream,
-                instance_id=self.instance_id,
-            )
-        )
-
     async def rate_task(self, task_id: str, key_id: str, score: int) -> None:
-        """Rate a task. Its record may still be on its way to the database (written in
-        batches every 50 ms, here or on the instance that served it): wait for it briefly
-        before answering that the task does not exist."""
-        for delay in (0.0, 0.1, 0.2, 0.4):
-            await trio.sleep(delay)
-            if self.recorder.is_pending(task_id):
-                await self.recorder.flush()
-            try:
-                await self.store.rate_task(task_id, key_id, score)
-                return
-            except TaskNotFound:
-                continue
-        raise TaskNotFound(task_id)
+        await self.recorder.rate_task(task_id, key_id, score)
 
     # -- status -----------------------------------------------------------------------------
 
     async def cluster_status(self) -> dict[str, object]:
-        mine = {c.node_id for c in self.nodes.connections()}
-        peers = self.machine.peers()
-        return {
-            "online_nodes": len(mine | registry.online_node_ids(peers)),
-            "instances": 1 + len(peers),
-            "in_flight": len(self.machine.requester) + sum(p.in_flight for p in peers),
-            "instance_id": self.instance_id,
-            "diagnostics": self.diagnostics(),
-        }
+        return cluster_view.status(self.machine, self.diagnostics())
 
     def diagnostics(self) -> dict[str, object]:
         """Counters of this instance only: what was refused or lost, for operators and tests."""
-        forwarding = self.machine.owner.forwarding
-        return {
-            "local_nodes": len(self.nodes),
-            "local_in_flight": len(self.machine.requester),
-            "dropped_answers": self.machine.dropped_answers(),
-            "forwarded_in_flight": forwarding.remote_count(self.instance_id),
-            "liveness_lost": self.membership.liveness_lost,
-            "bus_losses": self.bus_losses,
-        }
+        return cluster_view.diagnostics(
+            self.machine, liveness_lost=self.membership.liveness_lost, bus_losses=self.bus_losses
+        )
 
     async def cluster_nodes(self) -> list[dict[str, object]]:
-        infos: dict[str, dict[str, object]] = {}
-        for conn in self.nodes.connections():
-            infos[conn.node_id] = {
-                "node_id": conn.node_id,
-                "instance_id": self.instance_id,
-                "models": sorted(conn.models),
-                "max_parallel": conn.max_parallel,
-                "in_flight": conn.in_flight,
-                "vram_gb": conn.vram_gb,
-                "agent_version": conn.agent_version,
-                "connected_at": conn.connected_at,
-            }
-        for snap in self.machine.peers():
-            for entry in snap.nodes:
-                infos.setdefault(
-                    entry.node_id,
-                    {
-                        "node_id": entry.node_id,
-                        "instance_id": snap.instance_id,
-                        "models": list(entry.models),
-                        "max_parallel": entry.max_parallel,
-                        "in_flight": entry.in_flight,
-                        "vram_gb": entry.vram_gb,
-                        "agent_version": entry.agent_version,
-                        "connected_at": entry.connected_at,
-                    },
-                )
-        ratings = self.machine.ratings
-        for node_id, info in infos.items():
-            mean, count = ratings.get(node_id, (None, 0))
-            info["rating"], info["ratings"] = mean, count
-        return [infos[k] for k in sorted(infos)]
+        return cluster_view.node_infos(self.machine)

@@ -69,6 +69,29 @@ async def serve_node_socket(instance: NodeHost, socket: NodeSocket) -> None:
             log.debug("could not close a node socket cleanly: %r", exc)
 
 
+async def serve_node_in(nursery: trio.Nursery, instance: NodeHost, socket: NodeSocket) -> None:
+    """Serve ``socket`` as a task of ``nursery`` (the instance's: stopping the instance closes
+    it) while the caller (the WebSocket handler) waits; the caller leaving closes it too."""
+    done = trio.Event()
+
+    async def serve(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            try:
+                await serve_node_socket(instance, socket)
+            finally:
+                done.set()
+
+    scope = await nursery.start(serve)
+    try:
+        await done.wait()
+    finally:
+        if not done.is_set():  # our caller was cancelled: the socket goes with it
+            scope.cancel()
+            with trio.CancelScope(shield=True):
+                await done.wait()
+
+
 async def _receive_hello(instance: NodeHost, socket: NodeSocket, session: NodeSession) -> Hello:
     with trio.move_on_after(HELLO_TIMEOUT_S):
         data = await socket.receive()

@@ -6,6 +6,7 @@ import trio
 
 from coordinator.core.effects import ChunkEvent, DoneEvent, FailedEvent, MovedEvent, TaskEvent
 from coordinator.errors import TaskTimedOut
+from coordinator.store import TaskRecord
 
 __all__ = ["ChunkEvent", "DoneEvent", "FailedEvent", "TaskEvent", "TaskHandle"]
 
@@ -56,6 +57,22 @@ class TaskHandle:
                     raise event.error
                 return event
         raise TaskTimedOut(f"task {self.task_id} got no result within {self.timeout_s:g} s")
+
+    def record(self, instance_id: str, *, finished_at: float) -> TaskRecord:
+        """What the store keeps of this task once it ended (``outcome`` is set)."""
+        outcome = self.outcome or "ok"
+        return TaskRecord(
+            task_id=self.task_id,
+            key_id=self.key_id,
+            node_id=self.node_id,
+            model=self.model,
+            status="ok" if outcome == "ok" else "error",
+            error_code=None if outcome == "ok" else outcome,
+            created_at=self.created_at,
+            finished_at=finished_at,
+            stream=self.stream,
+            instance_id=instance_id,
+        )
 
     async def result(self) -> str:
         """Wait for the whole output (chunks of a streamed task are joined)."""

@@ -11,7 +11,7 @@ import logging
 
 import trio
 
-from coordinator.store import Store, TaskRecord
+from coordinator.store import Store, TaskNotFound, TaskRecord
 
 log = logging.getLogger("gemmanet.recorder")
 
@@ -64,3 +64,18 @@ class TaskRecorder:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.flush()
+
+    async def rate_task(self, task_id: str, key_id: str, score: int) -> None:
+        """Rate a task. Its record may still be on its way to the database (written in
+        batches every ``interval_s``, here or on the instance that served it): wait for it
+        briefly before answering that the task does not exist."""
+        for delay in (0.0, 0.1, 0.2, 0.4):
+            await trio.sleep(delay)
+            if self.is_pending(task_id):
+                await self.flush()
+            try:
+                await self._store.rate_task(task_id, key_id, score)
+                return
+            except TaskNotFound:
+                continue
+        raise TaskNotFound(task_id)

@@ -1,0 +1,69 @@
+"""What ``/api/v1/status`` and ``/api/v1/nodes`` report, read off the cluster machine: this
+instance's own state plus the last snapshots of its live peers. Pure."""
+
+from __future__ import annotations
+
+from coordinator.core import registry
+from coordinator.core.instance_machine import InstanceMachine
+
+
+def status(machine: InstanceMachine, diagnostics: dict[str, object]) -> dict[str, object]:
+    mine = {c.node_id for c in machine.owner.nodes.connections()}
+    peers = machine.peers()
+    return {
+        "online_nodes": len(mine | registry.online_node_ids(peers)),
+        "instances": 1 + len(peers),
+        "in_flight": len(machine.requester) + sum(p.in_flight for p in peers),
+        "instance_id": machine.me,
+        "diagnostics": diagnostics,
+    }
+
+
+def diagnostics(
+    machine: InstanceMachine, *, liveness_lost: int, bus_losses: int
+) -> dict[str, object]:
+    """Counters of this instance only: what was refused or lost, for operators and tests."""
+    return {
+        "local_nodes": len(machine.owner.nodes),
+        "local_in_flight": len(machine.requester),
+        "dropped_answers": machine.dropped_answers(),
+        "forwarded_in_flight": machine.owner.forwarding.remote_count(machine.me),
+        "liveness_lost": liveness_lost,
+        "bus_losses": bus_losses,
+    }
+
+
+def node_infos(machine: InstanceMachine) -> list[dict[str, object]]:
+    """Every online node, here or on a live peer, by node id (one entry per identity: the
+    local connection wins while an identity moves between instances)."""
+    infos: dict[str, dict[str, object]] = {}
+    for conn in machine.owner.nodes.connections():
+        infos[conn.node_id] = {
+            "node_id": conn.node_id,
+            "instance_id": machine.me,
+            "models": sorted(conn.models),
+            "max_parallel": conn.max_parallel,
+            "in_flight": conn.in_flight,
+            "vram_gb": conn.vram_gb,
+            "agent_version": conn.agent_version,
+            "connected_at": conn.connected_at,
+        }
+    for snap in machine.peers():
+        for entry in snap.nodes:
+            infos.setdefault(
+                entry.node_id,
+                {
+                    "node_id": entry.node_id,
+                    "instance_id": snap.instance_id,
+                    "models": list(entry.models),
+                    "max_parallel": entry.max_parallel,
+                    "in_flight": entry.in_flight,
+                    "vram_gb": entry.vram_gb,
+                    "agent_version": entry.agent_version,
+                    "connected_at": entry.connected_at,
+                },
+            )
+    for node_id, info in infos.items():
+        mean, count = machine.ratings.get(node_id, (None, 0))
+        info["rating"], info["ratings"] = mean, count
+    return [infos[k] for k in sorted(infos)]
