@@ -1,8 +1,9 @@
 """``python -m tools.loadtest --smoke``: the load profile of seed 000 §4.1 at tiny scale, end to
 end (real coordinators, a real redis-server, real node agents, kill -9 of an instance). The
-smoke run may or may not meet every criterion on a busy machine; what must hold is that the
-report is complete, the plots are real PNGs, nothing was lost, and the exit code tells the
-truth."""
+report is complete, the plots are real PNGs, nothing was lost, the exit code tells the truth —
+and the verdict is a pass: every criterion holds (a request placed on the killed instance's
+node just after the kill is placed again, a stale view refused by an owner goes to another
+node, so no healthy request fails)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,6 @@ def test_loadtest_smoke_writes_a_complete_truthful_report(tmp_path: Path) -> Non
     assert (done.returncode == 0) == report["passed"]
     for cid in CRITERIA:
         assert cid in done.stdout
+    failed = {c["id"]: c for c in report["criteria"] if not c["pass"]}
+    assert not failed, failed
+    assert done.returncode == 0
