@@ -27,6 +27,7 @@ from protocol.constraints import (
 )
 from protocol.envelopes import (
     Assign,
+    BusAccepted,
     BusAssign,
     BusCancel,
     BusChunk,
@@ -67,6 +68,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "PROTOCOL_VERSION",
     "Assign",
+    "BusAccepted",
     "BusAssign",
     "BusCancel",
     "BusChunk",

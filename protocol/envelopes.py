@@ -186,6 +186,14 @@ class BusCancel(_Envelope, tag="bus.cancel", frozen=True, kw_only=True):
     reason: str = ""
 
 
+class BusAccepted(_Envelope, tag="bus.accepted", frozen=True, kw_only=True):
+    """owner -> requester: the assign was handed to the node. Until this arrives, no node is
+    known to run the task: if the owner dies first, the requester places it elsewhere."""
+
+    task_id: Identifier
+    conn_id: Identifier
+
+
 class BusRefused(_Envelope, tag="bus.refused", frozen=True, kw_only=True):
     """owner -> requester: the assign was not started (``code`` ``all_nodes_busy``: the node is
     full; ``node_disconnected``: the connection is no longer here). No node saw the task, so
@@ -199,5 +207,12 @@ class BusRefused(_Envelope, tag="bus.refused", frozen=True, kw_only=True):
 
 
 BusEnvelope: TypeAlias = (
-    BusAssign | BusChunk | BusResult | BusNodeGone | BusRefused | BusReplace | BusCancel
+    BusAssign
+    | BusAccepted
+    | BusChunk
+    | BusResult
+    | BusNodeGone
+    | BusRefused
+    | BusReplace
+    | BusCancel
 )

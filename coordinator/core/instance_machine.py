@@ -27,6 +27,7 @@ from coordinator.core.tracker import Verdict
 from coordinator.errors import GemmaNetError
 from protocol import (
     Assign,
+    BusAccepted,
     BusAssign,
     BusCancel,
     BusChunk,
@@ -194,6 +195,8 @@ class InstanceMachine:
     def _receive(self, envelope: BusEnvelope, now: float) -> list[Effect]:
         if isinstance(envelope, BusChunk):
             return self.requester.chunk(envelope)
+        if isinstance(envelope, BusAccepted):
+            return self.requester.accepted(envelope)
         if isinstance(envelope, BusResult):
             return self.requester.result(envelope, now)
         if isinstance(envelope, BusNodeGone):

@@ -23,6 +23,7 @@ from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.core.tracker import Verdict
 from protocol import (
     Assign,
+    BusAccepted,
     BusAssign,
     BusChunk,
     BusNodeGone,
@@ -164,7 +165,11 @@ class Owner:
             stream=envelope.stream,
             timeout_s=envelope.timeout_s,
         )
-        return [SendToNode(conn.conn_id, assign)]
+        accepted = BusAccepted(task_id=envelope.task_id, conn_id=conn.conn_id)
+        return [
+            SendToNode(conn.conn_id, assign),
+            Publish(envelope.reply_to, accepted, give_up_at=now + envelope.timeout_s),
+        ]
 
     def _refuse(self, envelope: BusAssign, code: str, message: str, now: float) -> Publish:
         refusal = BusRefused(

@@ -40,6 +40,7 @@ from coordinator.errors import (
 from protocol import (
     BUSY_CODES,
     Assign,
+    BusAccepted,
     BusAssign,
     BusCancel,
     BusChunk,
@@ -76,6 +77,9 @@ class Request:
     # The assign is on its way to a peer; whether anybody received it is not known yet.
     dispatching: bool = False
     owner_died_meanwhile: bool = False
+    # The owner handed it to the node (bus.accepted, or an answer came): from now on a dead
+    # owner means a lost task (502), before it an assign nobody ran (placed again).
+    accepted: bool = False
     started: bool = False  # a chunk arrived: the node runs it, no re-placement any more
 
 
@@ -125,8 +129,11 @@ class Requester:
         )
         return [Dispatch(view.instance_id, envelope, request.placements)]
 
-    def _place_again(self, request: Request, why: GemmaNetError, now: float) -> list[Effect]:
-        """The last placement never reached a node: try another one, or end with an error."""
+    def _place_again(
+        self, request: Request, why: GemmaNetError, now: float, *, keep_why: bool = False
+    ) -> list[Effect]:
+        """The last placement never reached a node: try another one, or end with an error —
+        why no other node can take it, or with ``keep_why`` the reason it was moved."""
         task_id = request.assign.task_id
         self.tracker.forget(task_id)
         if now >= request.deadline or request.placements >= MAX_PLACEMENTS:
@@ -139,7 +146,7 @@ class Requester:
         try:
             view = choose_node(candidates, request.assign.model, rng=self._rng)
         except GemmaNetError as exc:  # no other node: all_nodes_busy or no_node_for_model
-            return self._fail(task_id, exc)
+            return self._fail(task_id, why if keep_why else exc)
         moved = MovedEvent(view.node_id, view.conn_id, view.instance_id)
         return [Deliver(task_id, moved), *self._place_on(request, view)]
 
@@ -190,6 +197,13 @@ class Requester:
 
     # -- answers ----------------------------------------------------------------------------
 
+    def accepted(self, envelope: BusAccepted) -> list[Effect]:
+        request = self._requests.get(envelope.task_id)
+        task = self.tracker.get(envelope.task_id)
+        if request is not None and task is not None and task.conn_id == envelope.conn_id:
+            request.accepted = True
+        return []
+
     def chunk(self, envelope: BusChunk) -> list[Effect]:
         task_id = envelope.task_id
         verdict, deltas = self.tracker.on_chunk(
@@ -198,7 +212,7 @@ class Requester:
         effects: list[Effect] = [Deliver(task_id, ChunkEvent(d)) for d in deltas]
         request = self._requests.get(task_id)
         if verdict is Verdict.ACCEPTED and request is not None:
-            request.started = True
+            request.started = request.accepted = True
         if verdict is Verdict.OVERFLOW:
             task = self.tracker.get(task_id)
             node = task.node_id if task else "?"
@@ -262,9 +276,14 @@ class Requester:
         cancel = BusCancel(task_id=task_id, reason=outcome)
         return [Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S)]
 
-    def owners_dead(self, dead: set[str], now: float, why: str | None = None) -> list[Effect]:
-        """Tasks waiting on a dead owner end now with 502. The owner is told too, in case it
-        was only frozen: it stops the task on its node when it resumes."""
+    def owners_dead(
+        self, dead: set[str], now: float, why: str | None = None, *, place_unaccepted: bool = True
+    ) -> list[Effect]:
+        """Tasks waiting on a dead owner end now with 502 — except those the owner never
+        confirmed handing to a node (a PUBLISH can still reach a killed process's socket
+        before Redis notices it closed): no node is known to run them, so they are placed
+        again elsewhere. The owner is told to cancel either way, in case it was only frozen:
+        it stops the task on its node when it resumes."""
         effects: list[Effect] = []
         doomed = [t for t in self.tracker.pending() if t.owner_instance in dead]
         for task in doomed:
@@ -273,16 +292,24 @@ class Requester:
                 # Whether the assign reached anybody is not known yet; the dispatch decides.
                 request.owner_died_meanwhile = True
                 continue
-            message = why or f"instance {task.owner_instance} serving node {task.node_id} went away"
-            effects += self._fail(task.task_id, NodeDisconnected(message))
             cancel = BusCancel(task_id=task.task_id, reason="owner_considered_dead")
             effects.append(Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S))
+            message = why or f"instance {task.owner_instance} serving node {task.node_id} went away"
+            if place_unaccepted and request is not None and not request.accepted:
+                request.gone_instances.add(task.owner_instance)
+                # Its node may have got it just before the owner died: if no other node can
+                # take it, the client hears that the owner went away (502).
+                error = NodeDisconnected(message)
+                effects += self._place_again(request, error, now, keep_why=True)
+                continue
+            effects += self._fail(task.task_id, NodeDisconnected(message))
         return effects
 
     def remote_tasks_lost(self, now: float) -> list[Effect]:
         """Our inbox was lost: answers from other instances may be lost; fail those tasks."""
         owners = {t.owner_instance for t in self.tracker.pending()} - {self.me}
-        return self.owners_dead(owners, now, "lost the instance bus; the answer may be lost")
+        why = "lost the instance bus; the answer may be lost"
+        return self.owners_dead(owners, now, why, place_unaccepted=False)
 
     def tick(self, now: float) -> list[Effect]:
         """Safety net for tasks nobody ended (a client gone before its stream began)."""

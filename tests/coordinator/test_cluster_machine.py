@@ -278,3 +278,35 @@ def test_a_node_reconnecting_elsewhere_closes_the_old_connection_with_4000() -> 
     cluster.apply("A", cluster.machines["A"].bus_envelope(envelope, 0.0))
     assert old.closed_with == 4000 and new.closed_with is None
     assert outcome(cluster, "t1") == [("failed", NodeDisconnected.code)]
+
+
+def test_owner_killed_before_it_confirmed_the_assign_is_placed_again_not_502() -> None:
+    """A PUBLISH can still reach a just-killed process (Redis has not seen its socket close),
+    so "received" does not mean a node runs the task; only the owner's bus.accepted does."""
+    cluster = MachineCluster("A", "B", "C")
+    cluster.machines["B"].set_ratings({"doomed": (5.0, 10)})  # B prefers A's node
+    cluster.connect("A", "doomed")
+    spare = cluster.connect("C", "spare")
+    cluster.submit("B", "t1")
+    cluster.kill("A")  # the assign is "delivered" to A's inbox, but A is gone
+    cluster.deliver()
+    cluster.judge()
+    assert outcome(cluster, "t1") == [("moved", "spare")]
+    cluster.deliver()
+    assert "t1" in spare.running
+    cluster.node_says(spare.conn_id, Result(task_id="t1", output="fine"))
+    cluster.deliver()
+    assert outcome(cluster, "t1")[-1] == ("done", "fine")
+
+
+def test_owner_killed_after_it_confirmed_the_assign_fails_the_task() -> None:
+    cluster = MachineCluster("A", "B", "C")
+    cluster.machines["B"].set_ratings({"doomed": (5.0, 10)})
+    doomed = cluster.connect("A", "doomed")
+    cluster.connect("C", "spare")
+    cluster.submit("B", "t1")
+    cluster.deliver()  # the assign, then A's bus.accepted
+    assert "t1" in doomed.running
+    cluster.kill("A")
+    cluster.judge()
+    assert outcome(cluster, "t1") == [("failed", NodeDisconnected.code)]
