@@ -6,6 +6,7 @@ held, Redis is unreachable) ends the command with one line instead of a lifespan
 from __future__ import annotations
 
 import signal
+from functools import partial
 
 import trio
 from hypercorn.config import Config
@@ -54,18 +55,25 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
 
     async def main() -> None:
         shutdown = trio.Event()
+        watching = trio.CancelScope()
 
         async def watch_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with watching, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     shutdown.set()
                     return
 
+        stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            app.config["GEMMANET_INSTANCE"] = await nursery.start(run_instance, settings)
+            app.config["GEMMANET_INSTANCE"] = await nursery.start(
+                partial(run_instance, settings, stop=stop)
+            )
             nursery.start_soon(watch_signals)
             await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
-            nursery.cancel_scope.cancel()
+            # A graceful stop: the instance leaves and releases its lock, within a bound.
+            watching.cancel()
+            stop.set()
+            nursery.cancel_scope.deadline = trio.current_time() + 6
 
     # The reason the instance refused to start (a held lock, Redis or the database out of
     # reach) arrives wrapped in the exception groups of the task tree.

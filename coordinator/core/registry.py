@@ -104,3 +104,11 @@ def online_node_ids(snapshots: Iterable[InstanceSnapshot]) -> set[str]:
     """Node identities online anywhere; one identity counts once even while it is being
     replaced across instances."""
     return {entry.node_id for snap in snapshots for entry in snap.nodes}
+
+
+def recent_members(
+    beats: Mapping[str, float], *, now: float, alive_ttl_s: float, me: str
+) -> list[str]:
+    """The members other than ``me`` whose last beat is within ``alive_ttl_s`` of ``now``,
+    sorted (who else runs on this registry right now, for the start-up mode check)."""
+    return sorted(m for m, beat in beats.items() if m != me and now - beat <= alive_ttl_s)
