@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,3 +82,78 @@ def test_serve_refuses_liveness_settings_over_the_3_s_bound(procs: Processes) ->
 def test_serve_accepts_a_tighter_ttl(procs: Processes) -> None:
     coord = procs.coordinator(GEMMANET_ALIVE_TTL_S="1.5")
     assert coord.status()["instances"] == 1
+
+
+def _all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    from coordinator.cli import build_parser
+
+    found: list[tuple[str, argparse.ArgumentParser]] = []
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> None:
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    walk(f"{name} {sub_name}".strip(), sub)
+
+    walk("", build_parser())
+    return found
+
+
+def test_every_option_of_every_subcommand_explains_itself_and_its_default() -> None:
+    parsers = _all_parsers()
+    assert {"serve", "demo", "sim run", "sim sweep", "sim replay", "loadtest", "node"} <= {
+        name for name, _ in parsers
+    }
+    missing: list[str] = []
+    for name, parser in parsers:
+        text = "".join(parser.format_help().split())  # argparse wraps lines, even at hyphens
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if action.help == argparse.SUPPRESS:
+                continue
+            label = f"gemmanet {name} {'/'.join(action.option_strings) or action.dest}"
+            if not action.help:
+                missing.append(f"{label}: no help text")
+                continue
+            shows_default = (
+                action.required
+                or action.default in (None, False)
+                or "default" in action.help.lower()
+            )
+            if not shows_default:
+                missing.append(f"{label}: default {action.default!r} not shown")
+            assert "".join(action.help.split()) in text, label
+    assert not missing, "\n".join(missing)
+
+
+def test_every_subcommand_help_runs(procs: Processes) -> None:
+    for name, _ in _all_parsers():
+        if name in ("audit", "prove-takeover"):
+            continue
+        done = procs.cli(*name.split(), "--help")
+        assert done.returncode == 0 and "usage" in done.stdout.lower(), name
+
+
+def test_sim_replay_of_a_missing_or_foreign_file_is_one_line(
+    procs: Processes, tmp_path: Path
+) -> None:
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"x": 1}\n')
+    for path, expected in (
+        (tmp_path / "seed-12.jsonl", "cannot read the trace"),
+        (foreign, "is not a simulator trace"),
+    ):
+        done = procs.cli("sim", "replay", str(path))
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+        assert done.stderr.startswith("gemmanet: ") and expected in done.stderr, done.stderr
+
+
+def test_sim_sweep_of_an_empty_range_is_refused(procs: Processes) -> None:
+    done = procs.cli("sim", "sweep", "--seeds", "20-1")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "gemmanet: --seeds '20-1' is empty: the first seed must not exceed the last"
+    )

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import Processes, free_port
+from tests.fixtures.processes import CLI, Processes, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -61,3 +64,65 @@ def test_the_two_modes_refuse_to_share_a_redis(
         # The refused =0 instance let go of the lock it took for its check.
         assert redis_server.raw_command("EXISTS", f"{prefix}:lock:single-instance") == b":0\r\n"
 
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _run_demo(tmp_path: Path, env: dict[str, str], stop_signal: signal.Signals) -> str:
+    """Start `gemmanet demo`, wait for its curl line, stop it with ``stop_signal`` and check that
+    nothing it started survives; returns the API key of the curl line."""
+    port = free_port()
+    out = tmp_path / f"demo-{port}.log"
+    with out.open("wb") as log:
+        demo = subprocess.Popen(
+            [*CLI, "demo", "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=log
+        )
+    try:
+        curl = wait_until(
+            lambda: [line for line in out.read_text().splitlines() if line.startswith("curl ")],
+            "the demo's curl line",
+            timeout_s=60,
+        )
+        children = _children(demo.pid)
+        assert len(children) == 2, children  # the coordinator and the node
+        demo.send_signal(stop_signal)
+        assert demo.wait(timeout=30) == 0, out.read_text()
+        wait_until(lambda: not any(_alive(pid) for pid in children), "the demo's children to end")
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0, "port still taken"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    return curl[0].split("Bearer ")[1].split("'")[0]
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_demo_stops_everything_it_started_and_keeps_its_state_in_one_place(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env.pop("GEMMANET_DATABASE_URL", None)
+    first = _run_demo(tmp_path, env, stop_signal)
+    second = _run_demo(tmp_path, env, stop_signal)
+    assert first == second and first.startswith("gn_")
+    state = tmp_path / "state" / "gemmanet-demo"
+    assert (state / "gemmanet.db").exists() and (state / "demo-key").read_text().strip() == first
+    assert not (tmp_path / "gemmanet.db").exists()

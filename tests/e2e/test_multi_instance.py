@@ -138,7 +138,10 @@ async def test_kill_9_of_the_owner_fails_tasks_on_b_within_3s(shared, two, strea
     assert answered_at - killed_at < 3.0, answered_at - killed_at
     if stream:
         assert response.status_code == 200
-        assert f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text and '"status":502' in response.text
+        assert (
+            f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text
+            and '"status":502' in response.text
+        )
     else:
         assert response.status_code == 502
         assert response.json()["error"]["code"] == TaskErrorCode.NODE_DISCONNECTED
