@@ -78,12 +78,17 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
     # The reason the instance refused to start (a held lock, Redis or the database out of
     # reach) arrives wrapped in the exception groups of the task tree.
     refusal: str | None = None
+    bad_setting: str | None = None
     try:
         trio.run(main)
+    except* SettingsError as group:
+        bad_setting = str(_first(group))
     except* StartupRefused as group:
         refusal = str(_first(group))
     except* StoreError as group:
         refusal = refusal or f"database: {_first(group)}"
+    if bad_setting is not None:
+        raise SettingsError(bad_setting)
     if refusal is not None:
         raise StartupRefused(refusal)
     return 0

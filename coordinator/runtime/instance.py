@@ -48,6 +48,7 @@ from coordinator.core.effects import (
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.errors import (
+    COORDINATION_DOWN_MESSAGE,
     CoordinationDown,
     GemmaNetError,
     NodeDisconnected,
@@ -206,7 +207,11 @@ class Instance:
         try:
             reached = await self.bus.send(effect.target, encode(effect.envelope))
         except CoordinationUnavailable as exc:
-            error = CoordinationDown(f"cannot reach the instance bus: {exc}")
+            log.warning("task %s: cannot reach the instance bus: %s", task_id, exc)
+            error = CoordinationDown(
+                "the instance that owns the chosen node cannot be reached for the moment; "
+                "retry after the Retry-After delay"
+            )
             return self.machine.dispatch_failed(
                 task_id, placement, effect.target, error, self.clock()
             )
@@ -307,7 +312,8 @@ class Instance:
                 f"ratelimit:{key_id}", limit=limit, period_s=period
             )
         except CoordinationUnavailable as exc:
-            raise CoordinationDown(f"coordination store unavailable: {exc}") from None
+            log.warning("rate limit check failed: %s", exc)
+            raise CoordinationDown(COORDINATION_DOWN_MESSAGE) from None
         if not decision.allowed:
             raise RateLimited(
                 f"rate limit of {limit} requests per {period:g} s exceeded for this API key",

@@ -157,3 +157,34 @@ def test_sim_sweep_of_an_empty_range_is_refused(procs: Processes) -> None:
     assert done.stderr.strip() == (
         "gemmanet: --seeds '20-1' is empty: the first seed must not exceed the last"
     )
+
+
+@pytest.mark.parametrize(
+    "variables,expected",
+    [
+        (
+            {
+                "GEMMANET_REDIS_URL": "redis://127.0.0.1:1/0",
+                "GEMMANET_REDIS_PASSWORD_FILE": "/run/secrets/redis-absent",
+            },
+            "GEMMANET_REDIS_PASSWORD_FILE='/run/secrets/redis-absent': cannot read the file",
+        ),
+        (
+            {"GEMMANET_REDIS_URL": "http://127.0.0.1:6379/0"},
+            "GEMMANET_REDIS_URL must be redis://host:port/db or rediss://… (TLS), not http://",
+        ),
+        (
+            {"GEMMANET_REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0"},
+            "GEMMANET_REDIS_PASSWORD_FILE",
+        ),
+    ],
+    ids=["password-file-missing", "http-url", "password-in-url"],
+)
+def test_bad_redis_settings_are_one_line(
+    procs: Processes, variables: dict[str, str], expected: str
+) -> None:
+    done = procs.cli("serve", "--port", str(free_port()), env={**procs.env, **variables})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert done.stderr.startswith("gemmanet: ") and expected in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr

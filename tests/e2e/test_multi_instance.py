@@ -189,6 +189,9 @@ def test_redis_outage_gives_fast_503_and_recovers(shared, two) -> None:
     r = b.request(key, model="echo", prompt="during")
     assert r.status_code == 503 and "Retry-After" in r.headers
     assert r.json()["error"]["code"] == "coordination_unavailable"
+    # What happened, not where the internals live (issue 12 item 6).
+    message = r.json()["error"]["message"]
+    assert str(shared.redis.port) not in message and "redis://" not in message, message
     assert time.monotonic() - started < 2.0
     shared.redis.start()
     wait_until(
