@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,28 @@ def test_demo_stops_everything_it_started_and_keeps_its_state_in_one_place(
     state = tmp_path / "state" / "gemmanet-demo"
     assert (state / "gemmanet.db").exists() and (state / "demo-key").read_text().strip() == first
     assert not (tmp_path / "gemmanet.db").exists()
+
+
+def test_after_kill_9_the_lists_agree_with_placement(procs: Processes, redis_server) -> None:
+    """Once placement found the killed instance's node gone (503 no_node_for_model), status and
+    nodes never list it again: the next beat's registry read (the dead peer's last beat is
+    still within its TTL) must not bring it back."""
+    procs.share_redis(redis_server, f"k9{os.getpid()}")
+    a, b = procs.two_instances()
+    procs.node(a, "on-a", models=("only-a",))
+    wait_until(lambda: b.has_node("on-a"), "B lists A's node")
+    key = procs.create_key("client")
+    assert b.request(key, model="only-a", prompt="x").status_code == 200
+    a.proc.kill()
+    refused = wait_until(
+        lambda: b.request(key, model="only-a", prompt="x").status_code == 503,
+        "placement on B to find A's node gone",
+        timeout_s=10,
+    )
+    assert refused
+    deadline = time.monotonic() + 2.5  # past the 0.5 s beats and the 2 s TTL
+    while time.monotonic() < deadline:
+        assert not b.has_node("on-a"), "B lists a node placement no longer uses"
+        status = b.status()
+        assert status["instances"] == 1 and status["online_nodes"] == 0, status
+        time.sleep(0.05)
