@@ -54,6 +54,7 @@ from coordinator.errors import (
     NodeDisconnected,
     RateLimited,
     StartupRefused,
+    StoreError,
 )
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.bus_reader import read_inbox
@@ -403,6 +404,12 @@ class Instance:
 
     async def rate_task(self, task_id: str, key_id: str, score: int) -> None:
         await self.recorder.rate_task(task_id, key_id, score)
+        # Visible at once here; the other instances re-read the ratings every
+        # RATINGS_REFRESH_S (see the README's HTTP API section).
+        try:
+            self.machine.set_ratings(await self.store.node_ratings())
+        except StoreError as exc:
+            log.warning("could not re-read the node ratings after a rating: %s", exc)
 
     # -- status -----------------------------------------------------------------------------
 
