@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
 
@@ -188,3 +189,20 @@ def test_bad_redis_settings_are_one_line(
     assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
     assert done.stderr.startswith("gemmanet: ") and expected in done.stderr, done.stderr
     assert "hunter2" not in done.stderr
+
+
+def test_serve_logs_running_on_once_and_sends_reason_phrases(procs: Processes) -> None:
+    coord = procs.coordinator()
+    host, port = coord.url.removeprefix("http://").split(":")
+    for path, status_line in (
+        ("/healthz", b"HTTP/1.1 200 OK\r\n"),
+        ("/nope", b"HTTP/1.1 404 Not Found\r\n"),
+    ):
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            reply = b""
+            while b"\r\n" not in reply and (chunk := raw.recv(65536)):
+                reply += chunk
+        assert reply.startswith(status_line), reply[:60]
+    log = Path(coord.proc.log_path).read_text()  # type: ignore[attr-defined]
+    assert log.count("Running on") == 1, log
