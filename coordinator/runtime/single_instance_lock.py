@@ -39,8 +39,8 @@ async def hold_single_instance_lock(
         name = holder.decode(errors="replace") if holder else "another instance"
         raise StartupRefused(
             f"instance {name} holds the single-instance lock in this Redis; set "
-            f"GEMMANET_MULTI_INSTANCE=1 to run several instances (the lock expires {ttl_s:g} s "
-            "after its holder stops)"
+            f"GEMMANET_MULTI_INSTANCE=1 to run several instances (a graceful stop releases the "
+            f"lock at once; a killed holder's lock expires {ttl_s:g} s after it died)"
         )
     task_status.started()
     try:
