@@ -1,12 +1,16 @@
 """The GemmaNet coordinator service.
 
-app.py            Quart-Trio app factory (``create_app``) and HTTP routes
+app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
+server.py         ``gemmanet serve``: the app on Hypercorn's trio worker, start-up refusals
 cli.py            the ``gemmanet`` command line
 settings.py       GEMMANET_* environment settings
 errors.py         the error hierarchy; each error knows its HTTP status / close code
-core/             pure decisions: placement, task tracking, node table, rate limiting
-runtime/          the trio shell: node sockets, dispatch, instance supervision
-coordination/     shared coordination state: embedded memory backend and Redis backend
+api/              HTTP routes, request and response schemas, JSON errors, /openapi.json
+core/             pure decisions: the cluster machine, placement, task tracking, node table,
+                  registry snapshots, liveness, what status and nodes report
+runtime/          the trio shell: node sockets, dispatch, membership, supervision, the lock
+coordination/     shared coordination state (memory and Redis backends, with the exact
+                  rate limiter) and the instance bus
 store/            the durable SQL store (API keys, node tokens, tasks, ratings)
 """
 

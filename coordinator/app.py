@@ -18,8 +18,12 @@ from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.coordination.factory import create_bus, create_coordination
 from coordinator.coordination.memory_bus_hub import MemoryBusHub
+from coordinator.errors import StartupRefused
 from coordinator.runtime.instance import Instance
-from coordinator.runtime.single_instance_lock import hold_single_instance_lock
+from coordinator.runtime.single_instance_lock import (
+    hold_single_instance_lock,
+    refuse_mixed_modes,
+)
 from coordinator.settings import Settings
 from coordinator.store import Store
 
@@ -27,9 +31,14 @@ log = logging.getLogger("gemmanet.app")
 
 
 async def run_instance(
-    settings: Settings, *, task_status: trio.TaskStatus[Instance] = trio.TASK_STATUS_IGNORED
+    settings: Settings,
+    *,
+    stop: trio.Event | None = None,
+    task_status: trio.TaskStatus[Instance] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Everything one instance runs besides its HTTP server, for as long as it is cancelled."""
+    """Everything one instance runs besides its HTTP server, until ``stop`` is set (a graceful
+    stop: it leaves the presence registry and releases the single-instance lock while its Redis
+    connections still run) or it is cancelled (what it held in Redis expires with its TTL)."""
     store = await trio.to_thread.run_sync(Store.open, settings.database_url)
     try:
         coordination = create_coordination(
@@ -38,6 +47,8 @@ async def run_instance(
             key_prefix=settings.key_prefix,
             clock=trio.current_time,
         )
+        # The coordination is entered before the nursery, so cancelling the nursery at a
+        # graceful stop leaves its connections open for the lock's release.
         async with coordination, trio.open_nursery() as nursery:
             # Embedded (no Redis): the in-process bus; a single instance has no peers on it.
             hub = None if settings.redis_url else MemoryBusHub(trio.current_time)
@@ -53,6 +64,12 @@ async def run_instance(
                     )
                 )
             await nursery.start(instance.run)
+            if settings.redis_url:
+                try:
+                    await refuse_mixed_modes(coordination, settings)
+                except StartupRefused:
+                    await instance.leave()
+                    raise
             log.info(
                 "instance %s serving (coordination: %s%s)",
                 settings.instance_id,
@@ -60,10 +77,13 @@ async def run_instance(
                 ", multi-instance" if settings.multi_instance else "",
             )
             task_status.started(instance)
-            try:
+            if stop is None:
                 await trio.sleep_forever()
-            finally:
+            await stop.wait()
+            with trio.move_on_after(settings.lock_ttl_s / 2):
                 await instance.leave()
+            # Ends the lock holder too, whose ``finally`` deletes the lock.
+            nursery.cancel_scope.cancel()
     finally:
         store.close()
 
@@ -101,6 +121,23 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     async def start_instance() -> None:
         # `gemmanet serve` starts the instance itself; a bare `hypercorn ...create_app()` does not.
         if app.config.get("GEMMANET_INSTANCE") is None:
-            app.config["GEMMANET_INSTANCE"] = await app.nursery.start(run_instance, settings)
+            stop, stopped = trio.Event(), trio.Event()
+
+            async def instance_then_signal(task_status: trio.TaskStatus[Instance]) -> None:
+                try:
+                    await run_instance(settings, stop=stop, task_status=task_status)
+                finally:
+                    stopped.set()
+
+            app.config["GEMMANET_INSTANCE"] = await app.nursery.start(instance_then_signal)
+            app.config["GEMMANET_STOP"] = (stop, stopped)
+
+    @app.after_serving
+    async def stop_instance() -> None:
+        if "GEMMANET_STOP" in app.config:
+            stop, stopped = app.config["GEMMANET_STOP"]
+            stop.set()
+            with trio.move_on_after(5):
+                await stopped.wait()
 
     return app

@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from coordinator.errors import SettingsError, StartupRefused
 from coordinator.settings import Settings
@@ -61,7 +62,7 @@ def _node(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from tools.demo import run_demo
 
-    return run_demo(host=args.host, port=args.port)
+    return run_demo(host=args.host, port=args.port, state_dir=args.state_dir)
 
 
 def _loadtest(args: argparse.Namespace) -> int:
@@ -83,6 +84,21 @@ def _not_yet(what: str) -> Handler:
     return handler
 
 
+def _listen_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the HTTP and WebSocket server listens on; 0.0.0.0 for every interface "
+        "(default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="TCP port of the HTTP API and /ws/node (default 8000)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sim.cli import add_sim_arguments
     from tools.loadtest import add_loadtest_arguments
@@ -94,23 +110,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run one coordinator instance")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve = sub.add_parser(
+        "serve",
+        help="run one coordinator instance (settings: GEMMANET_* variables, see docs/interface.md)",
+    )
+    _listen_arguments(serve)
     serve.set_defaults(handler=_serve)
 
     keys = sub.add_parser("keys", help="client API keys").add_subparsers(
         dest="keys_command", required=True, metavar="ACTION"
     )
     create = keys.add_parser("create", help="create an API key; prints it on the last line")
-    create.add_argument("--name", required=True)
+    create.add_argument(
+        "--name", required=True, help="a label for the key (shown in logs, not secret)"
+    )
     create.set_defaults(handler=_keys_create)
 
     nodes = sub.add_parser("nodes", help="node identities").add_subparsers(
         dest="nodes_command", required=True, metavar="ACTION"
     )
     enroll = nodes.add_parser("enroll", help="create a node token; prints it on the last line")
-    enroll.add_argument("--node-id", required=True)
+    enroll.add_argument(
+        "--node-id", required=True, metavar="ID", help="the identity the node will connect as"
+    )
     enroll.set_defaults(handler=_nodes_enroll)
 
     node = sub.add_parser("node", help="run a node agent that serves tasks")
@@ -120,8 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="coordinator + demo API key + one echo node, and a curl line to try"
     )
-    demo.add_argument("--host", default="127.0.0.1")
-    demo.add_argument("--port", type=int, default=8000)
+    _listen_arguments(demo)
+    demo.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the demo keeps its database and its API key, reused on every run (default: "
+        "$XDG_STATE_HOME/gemmanet-demo, i.e. ~/.local/state/gemmanet-demo)",
+    )
     demo.set_defaults(handler=_demo)
 
     loadtest = sub.add_parser("loadtest", help="the load profile of seed 000 section 4.1")

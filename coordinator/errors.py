@@ -40,6 +40,7 @@ from typing import ClassVar
 from protocol import CloseCode, TaskErrorCode
 
 __all__ = [
+    "COORDINATION_DOWN_MESSAGE",
     "AllNodesBusy",
     "AlreadyRated",
     "Conflict",
@@ -83,6 +84,11 @@ class GemmaNetError(Exception):
 
     def headers(self) -> dict[str, str]:
         return {}
+
+    @property
+    def client_message(self) -> str:
+        """What a client is told: what happened, never where the internals live."""
+        return self.message
 
 
 class SettingsError(GemmaNetError):
@@ -165,11 +171,21 @@ class AllNodesBusy(Unavailable):
     code = TaskErrorCode.ALL_NODES_BUSY.value
 
 
+COORDINATION_DOWN_MESSAGE = (
+    "the coordination store is unavailable for the moment; retry after the Retry-After delay"
+)
+
+
 class CoordinationUnavailable(Unavailable):
     """The coordination backend cannot be reached or did not answer in time."""
 
     code = "coordination_unavailable"
     close_code = CloseCode.TRY_AGAIN_LATER
+
+    @property
+    def client_message(self) -> str:
+        # The message names the backend's address, which is for the log only.
+        return COORDINATION_DOWN_MESSAGE
 
 
 class CoordinationDown(Unavailable):

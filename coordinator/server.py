@@ -5,10 +5,17 @@ held, Redis is unreachable) ends the command with one line instead of a lifespan
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import signal
+from functools import partial
+from http import HTTPStatus
+from typing import Any
 
+import h11
 import trio
 from hypercorn.config import Config
+from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
@@ -24,8 +31,33 @@ def hypercorn_config(host: str, port: int) -> Config:
     config.websocket_max_message_size = MAX_ENVELOPE_BYTES + 1024
     config.graceful_timeout = 5.0
     config.accesslog = None
-    config.errorlog = "-"
+    # Hypercorn's own logger, handled by the root logger the CLI configures (a "-" target would
+    # add a second handler and print every line twice).
+    config.errorlog = logging.getLogger("hypercorn.error")
     return config
+
+
+def send_reason_phrases() -> None:
+    """Make Hypercorn's HTTP/1.1 status lines carry their reason phrase (``HTTP/1.1 200 OK``).
+
+    Hypercorn hands h11 responses without one (``HTTP/1.1 200 ``): legal (RFC 9112 says a
+    client ignores it) but it looks broken to whoever reads a raw response. Idempotent."""
+    protocol: Any = hypercorn_h11.H11Protocol
+    if getattr(protocol, "_gemmanet_reasons", False):
+        return
+    send = protocol._send_h11_event
+
+    async def send_with_reason(self: object, event: object) -> None:
+        if isinstance(event, h11.Response) and not event.reason:
+            try:
+                phrase = HTTPStatus(event.status_code).phrase.encode("ascii")
+            except ValueError:  # a status without a registered phrase
+                phrase = b""
+            event = dataclasses.replace(event, reason=phrase)
+        await send(self, event)
+
+    protocol._send_h11_event = send_with_reason
+    protocol._gemmanet_reasons = True
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -49,33 +81,46 @@ def check_failover_bound(settings: Settings) -> None:
 
 def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
+    send_reason_phrases()
     app = create_app(settings)
     config = hypercorn_config(host, port)
 
     async def main() -> None:
         shutdown = trio.Event()
+        watching = trio.CancelScope()
 
         async def watch_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with watching, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     shutdown.set()
                     return
 
+        stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            app.config["GEMMANET_INSTANCE"] = await nursery.start(run_instance, settings)
+            app.config["GEMMANET_INSTANCE"] = await nursery.start(
+                partial(run_instance, settings, stop=stop)
+            )
             nursery.start_soon(watch_signals)
             await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
-            nursery.cancel_scope.cancel()
+            # A graceful stop: the instance leaves and releases its lock, within a bound.
+            watching.cancel()
+            stop.set()
+            nursery.cancel_scope.deadline = trio.current_time() + 6
 
     # The reason the instance refused to start (a held lock, Redis or the database out of
     # reach) arrives wrapped in the exception groups of the task tree.
     refusal: str | None = None
+    bad_setting: str | None = None
     try:
         trio.run(main)
+    except* SettingsError as group:
+        bad_setting = str(_first(group))
     except* StartupRefused as group:
         refusal = str(_first(group))
     except* StoreError as group:
         refusal = refusal or f"database: {_first(group)}"
+    if bad_setting is not None:
+        raise SettingsError(bad_setting)
     if refusal is not None:
         raise StartupRefused(refusal)
     return 0

@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from coordinator.core.liveness import LivenessTiming
 from coordinator.errors import SettingsError
@@ -65,6 +66,40 @@ def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
+REDIS_SCHEMES = ("redis", "rediss")
+
+
+def _redis_url(name: str, raw: str) -> str:
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        raise SettingsError(f"{name} is not a URL like redis://host:6379/0") from None
+    if parts.scheme not in REDIS_SCHEMES or not parts.hostname:
+        # The URL is not echoed: it might carry a password.
+        raise SettingsError(
+            f"{name} must be redis://host:port/db or rediss://… (TLS), not "
+            f"{parts.scheme + '://' if parts.scheme else 'a URL without a scheme'}"
+        )
+    if parts.password is not None:
+        raise SettingsError(
+            f"{name} must not carry a password: put it in a file and set "
+            "GEMMANET_REDIS_PASSWORD_FILE to its path"
+        )
+    return raw
+
+
+def _readable_file(name: str, raw: str) -> str:
+    try:
+        with open(raw, encoding="utf-8") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise SettingsError(f"{name}={raw!r}: cannot read the file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{name}={raw!r}: the file is not UTF-8 text") from None
+    return raw
+
+
 def _name(name: str, raw: str) -> str:
     if not _NAME.fullmatch(raw):
         raise SettingsError(f"{name}={raw!r} may hold only [A-Za-z0-9._:-]")
@@ -81,8 +116,8 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
 
     parsers: dict[str, tuple[str, Callable[[str, str], object]]] = {
         "database_url": ("GEMMANET_DATABASE_URL", lambda n, v: v),
-        "redis_url": ("GEMMANET_REDIS_URL", lambda n, v: v),
-        "redis_password_file": ("GEMMANET_REDIS_PASSWORD_FILE", lambda n, v: v),
+        "redis_url": ("GEMMANET_REDIS_URL", _redis_url),
+        "redis_password_file": ("GEMMANET_REDIS_PASSWORD_FILE", _readable_file),
         "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
         "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
         "key_prefix": ("GEMMANET_KEY_PREFIX", _name),

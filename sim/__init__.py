@@ -9,7 +9,9 @@ process on virtual time (trio's MockClock), every choice drawn from one seed.
     stand_ins.py   the durable store stand-in (no threads, so no wall-clock nondeterminism)
     mutations.py   deliberately broken variants, to show the simulator catches real bugs
     cli.py         gemmanet sim run / replay / sweep
+    bench.py       simulator speed (python -m sim.bench)
 
-The instances are the production ``Instance`` and ``Cluster`` classes over the memory
-coordination backend; only the edges (sockets, store, clients) are simulated.
+The instances are the production ``Instance`` class (the cluster machine and its trio
+driver) over the memory coordination backend; only the edges (sockets, store, clients) are
+simulated.
 """

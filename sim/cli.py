@@ -22,7 +22,7 @@ DEFAULT_TRACE_DIR = Path("sim-traces")
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sim_command", required=True, metavar="ACTION")
     run = sub.add_parser("run", help="run one seed; prints a digest of the whole event trace")
-    run.add_argument("--seed", type=int, required=True)
+    run.add_argument("--seed", type=int, required=True, help="the seed of the run")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     _config_flags(run)
     run.set_defaults(sim_handler=_run)
@@ -30,35 +30,77 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     replay = sub.add_parser(
         "replay", help="re-run the run recorded in a trace file (same config, same bus)"
     )
-    replay.add_argument("file", type=Path)
-    replay.add_argument("--json", action="store_true")
+    replay.add_argument(
+        "file", type=Path, help="a trace a failing run wrote, e.g. sim-traces/seed-12.jsonl"
+    )
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
     replay.set_defaults(sim_handler=_replay)
 
     sweep = sub.add_parser("sweep", help="run many seeds; list the failing ones")
-    sweep.add_argument("--seeds", required=True, help="A-B, inclusive")
-    sweep.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    sweep.add_argument(
+        "--seeds", required=True, metavar="A-B", help="the seeds A to B, inclusive (A <= B)"
+    )
+    jobs = os.cpu_count() or 1
+    sweep.add_argument(
+        "--jobs",
+        type=int,
+        default=jobs,
+        metavar="N",
+        help=f"seeds run in parallel processes (default: the CPU count, here {jobs})",
+    )
     _config_flags(sweep)
     sweep.set_defaults(sim_handler=_sweep)
 
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
     defaults = SimConfig()
-    parser.add_argument("--instances", type=int, default=defaults.instances)
-    parser.add_argument("--nodes", type=int, default=defaults.nodes)
-    parser.add_argument("--clients", type=int, default=defaults.clients)
-    parser.add_argument("--traffic-s", type=float, default=defaults.traffic_s)
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=defaults.instances,
+        metavar="N",
+        help=f"coordinator instances in the run (default {defaults.instances})",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=defaults.nodes,
+        metavar="N",
+        help=f"simulated nodes (default {defaults.nodes})",
+    )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=defaults.clients,
+        metavar="N",
+        help=f"simulated clients sending requests (default {defaults.clients})",
+    )
+    parser.add_argument(
+        "--traffic-s",
+        type=float,
+        default=defaults.traffic_s,
+        metavar="S",
+        help=f"virtual seconds of client traffic (default {defaults.traffic_s:g})",
+    )
     parser.add_argument(
         "--bus",
         choices=BUS_NAMES,
         default=defaults.bus,
-        help="instance bus semantics: pubsub (at-most-once) or streams (durable inboxes)",
+        help="instance bus semantics: pubsub (at-most-once) or streams (durable inboxes) "
+        f"(default {defaults.bus})",
     )
     parser.add_argument(
         "--mutation",
         choices=sorted(MUTATIONS),
-        help="run a deliberately broken variant (to show the simulator catches it)",
+        help="run a deliberately broken variant (to show the simulator catches it; default: none)",
     )
-    parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
+    parser.add_argument(
+        "--trace-dir",
+        type=Path,
+        default=DEFAULT_TRACE_DIR,
+        metavar="DIR",
+        help=f"where failing runs write their traces (default {DEFAULT_TRACE_DIR})",
+    )
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
@@ -129,7 +171,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    header = read_trace_header(args.file)
+    try:
+        header = read_trace_header(args.file)
+    except OSError as exc:
+        raise SystemExit(f"gemmanet: cannot read the trace {args.file}: {exc.strerror}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise SystemExit(
+            f"gemmanet: {args.file} is not a simulator trace (a file `sim run` or `sim sweep` "
+            "wrote for a failing seed)"
+        ) from None
     config = SimConfig(**{**header["config"], "rate_limit": tuple(header["config"]["rate_limit"])})
     recorded = header["result"]
     logging.disable(logging.CRITICAL)
@@ -152,9 +202,14 @@ def _replay(args: argparse.Namespace) -> int:
 def _parse_range(text: str) -> range:
     low, _, high = text.partition("-")
     try:
-        return range(int(low), int(high or low) + 1)
+        seeds = range(int(low), int(high or low) + 1)
     except ValueError:
         raise SystemExit(f"gemmanet: --seeds {text!r} is not a range like 1-200") from None
+    if not seeds:
+        raise SystemExit(
+            f"gemmanet: --seeds {text!r} is empty: the first seed must not exceed the last"
+        )
+    return seeds
 
 
 def _sweep_one(job: tuple[int, SimConfig, Path]) -> tuple[SimResult, Path | None]:

@@ -4,4 +4,8 @@
   tasks with an echo, Ollama or OpenAI-compatible backend.
 * ``tools.fakes`` - test doubles of external model servers (Ollama, OpenAI-compatible) that
   speak the real wire formats, in-process or as ``python -m tools.fakes.ollama --port P``.
+* ``tools.demo`` - ``gemmanet demo``: a coordinator, a demo key and one echo node.
+* ``tools.loadtest`` - ``gemmanet loadtest``: the seed's load profile against real processes.
+* ``tools.bench`` - benchmarks that print ratios measured side by side.
+* ``tools/run-tests.sh`` - the whole test suite, installing what it needs.
 """

@@ -1,15 +1,22 @@
 """``gemmanet demo``: one coordinator, a demo API key and one local echo node, ready to curl.
 
-Used by the README's quick start; it runs until Ctrl-C and then stops both processes."""
+Used by the README's quick start; it runs until Ctrl-C or SIGTERM and then stops both
+processes. Its state lives in one directory (``--state-dir``, default
+``$XDG_STATE_HOME/gemmanet-demo``, i.e. ``~/.local/state/gemmanet-demo``): the SQLite database
+``gemmanet.db`` and ``demo-key``, the demo API key, reused on every run while it is valid."""
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
+from types import FrameType
 
 from coordinator.settings import Settings
 from coordinator.store import Store
@@ -35,19 +42,50 @@ def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:  # type: i
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def run_demo(*, host: str, port: int) -> int:
-    settings = Settings.from_env()
-    store = Store.open(settings.database_url)
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".local" / "state") / "gemmanet-demo"
+
+
+def _demo_key(store: Store, key_file: Path) -> str:
+    """The demo API key of an earlier run if it still works, else a new one (saved, 0600)."""
     try:
-        _, api_key = store.create_api_key_sync("demo")
+        saved = key_file.read_text().strip()
+    except OSError:
+        saved = ""
+    if saved and store.authenticate_api_key_sync(saved) is not None:
+        return saved
+    _, api_key = store.create_api_key_sync("demo")
+    key_file.touch(mode=0o600)
+    key_file.write_text(api_key + "\n")
+    return api_key
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM takes the same way out as Ctrl-C, so the children are stopped too.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def run_demo(*, host: str, port: int, state_dir: Path | None = None) -> int:
+    state_dir = state_dir or default_state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    database_url = f"sqlite:///{(state_dir / 'gemmanet.db').resolve()}"
+    Settings.from_env({**os.environ, "GEMMANET_DATABASE_URL": database_url})
+    store = Store.open(database_url)
+    try:
+        api_key = _demo_key(store, state_dir / "demo-key")
         token = store.enroll_node_sync(DEMO_NODE)
     finally:
         store.close()
+    print(f"demo state (database and API key): {state_dir}", flush=True)
     base = f"http://{host}:{port}"
     cli = [sys.executable, "-m", "coordinator.cli"]
-    server = subprocess.Popen([*cli, "serve", "--host", host, "--port", str(port)])
-    node = None
+    env = {**os.environ, "GEMMANET_DATABASE_URL": database_url}
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    server = node = None
     try:
+        server = subprocess.Popen([*cli, "serve", "--host", host, "--port", str(port)], env=env)
         _wait_for(lambda: _get_json(f"{base}/healthz").get("ok") is True, "the coordinator")
         node = subprocess.Popen(
             [
@@ -63,7 +101,8 @@ def run_demo(*, host: str, port: int) -> int:
                 DEMO_MODEL,
                 "--backend",
                 "echo",
-            ]
+            ],
+            env=env,
         )
         _wait_for(
             lambda: int(_get_json(f"{base}/api/v1/status")["online_nodes"]) >= 1,  # type: ignore[call-overload]
@@ -82,6 +121,7 @@ def run_demo(*, host: str, port: int) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for proc in (node, server):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
@@ -91,3 +131,4 @@ def run_demo(*, host: str, port: int) -> int:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+        signal.signal(signal.SIGTERM, previous)

@@ -30,4 +30,4 @@ def error_response(
 
 
 def error_of(exc: GemmaNetError) -> Response:
-    return error_response(exc.status, exc.code, exc.message, exc.headers())
+    return error_response(exc.status, exc.code, exc.client_message, exc.headers())

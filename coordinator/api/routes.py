@@ -198,7 +198,7 @@ async def _events(
     except GemmaNetError as exc:
         outcome = exc.code
         await inst.end_task(handle, outcome)
-        error = StreamErrorDetail(code=exc.code, message=exc.message, status=exc.status)
+        error = StreamErrorDetail(code=exc.code, message=exc.client_message, status=exc.status)
         yield _sse(StreamErrorEvent(error=error))
         return
     finally:

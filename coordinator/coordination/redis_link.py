@@ -35,6 +35,7 @@ from coordinator.coordination.redis_errors import (
     redact_url,
 )
 from coordinator.coordination.redis_scripts import LuaScript
+from coordinator.errors import SettingsError
 
 __all__ = ["DedicatedConnection", "RedisLink", "read_password_file"]
 
@@ -50,8 +51,8 @@ def read_password_file(password_file: str | None) -> str | None:
     try:
         return Path(password_file).read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ValueError(
-            f"cannot read the Redis password file {password_file!r}: {exc.strerror}"
+        raise SettingsError(
+            f"GEMMANET_REDIS_PASSWORD_FILE={password_file!r}: cannot read the file: {exc.strerror}"
         ) from None
 
 

@@ -1,8 +1,16 @@
 """Pure decisions, no I/O and no ambient time: every function takes ``now`` as an argument.
 
-    placement.py   which node gets a task
-    node_table.py  which connection speaks for which node identity on this instance
-    tracker.py     which tasks are pending, who may answer them, which must fail and why
+    instance_machine.py  one instance's side of the cluster protocol (requester + owner)
+    requester.py         tasks this instance accepted from its clients
+    owner.py             this instance's node connections and the tasks they run
+    effects.py           what the machines ask the shell to do
+    placement.py         which node gets a task
+    node_table.py        which connection speaks for which node identity on this instance
+    tracker.py           which tasks are pending, who may answer them, which must fail and why
+    forwarding.py        the owner's table of tasks it runs for other instances
+    registry.py          the shared registry as data: snapshots, keys, the cluster-wide view
+    liveness.py          who is dead, from what was read; the failover bound
+    cluster_view.py      what /api/v1/status and /api/v1/nodes report
 
 The trio shell (coordinator/runtime/) feeds these events and carries out what they return;
 the simulator (sim/) drives the very same objects on a virtual clock.

@@ -104,3 +104,23 @@ def online_node_ids(snapshots: Iterable[InstanceSnapshot]) -> set[str]:
     """Node identities online anywhere; one identity counts once even while it is being
     replaced across instances."""
     return {entry.node_id for snap in snapshots for entry in snap.nodes}
+
+
+def recent_members(
+    beats: Mapping[str, float], *, now: float, alive_ttl_s: float, me: str
+) -> list[str]:
+    """The members other than ``me`` whose last beat is within ``alive_ttl_s`` of ``now``,
+    sorted (who else runs on this registry right now, for the start-up mode check)."""
+    return sorted(m for m, beat in beats.items() if m != me and now - beat <= alive_ttl_s)
+
+
+def still_forgotten(forgotten: Mapping[str, float], beats: Mapping[str, float]) -> dict[str, float]:
+    """Of the peers forgotten at their last beat (``forgotten``: member -> that beat), those
+    that have not beaten since, by the registry's ``beats``. A killed peer stays forgotten
+    until the registry forgets it; a peer that was only unreachable for a moment comes back
+    with its next beat."""
+    return {
+        member: beat
+        for member, beat in forgotten.items()
+        if member in beats and beats[member] <= beat
+    }

@@ -1,9 +1,14 @@
 """The trio shell around the pure core.
 
-instance.py     one coordinator instance: its node connections, pending tasks, supervision
-node_link.py    the outbox and close request of one node connection
-node_socket.py  serving one node WebSocket (hello, auth, heartbeats, envelopes)
-task_handle.py  what a request handler holds while its task runs
-membership.py   presence in the shared registry and the liveness judge's I/O
-cluster.py      cross-instance dispatch, node ownership, the sweeps
+instance.py              one coordinator instance: the driver of the cluster machine
+supervision.py           its periodic duties: ticks and liveness verdicts, ownership, ratings
+membership.py            presence in the shared registry and the liveness judge's I/O
+ownership.py             which instance speaks for each node identity (owner records)
+bus_reader.py            reading this instance's inbox
+bus_outbox.py            envelopes waiting to go out on the instance bus, in ordered lanes
+node_link.py             the outbox and close request of one node connection
+node_socket.py           serving one node WebSocket (hello, auth, heartbeats, envelopes)
+task_handle.py           what a request handler holds while its task runs
+task_recorder.py         task records written in batches, off the request path
+single_instance_lock.py  GEMMANET_MULTI_INSTANCE=0 with Redis: the lock, and the mode check
 """

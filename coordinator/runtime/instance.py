@@ -48,11 +48,13 @@ from coordinator.core.effects import (
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.errors import (
+    COORDINATION_DOWN_MESSAGE,
     CoordinationDown,
     GemmaNetError,
     NodeDisconnected,
     RateLimited,
     StartupRefused,
+    StoreError,
 )
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.bus_reader import read_inbox
@@ -206,7 +208,11 @@ class Instance:
         try:
             reached = await self.bus.send(effect.target, encode(effect.envelope))
         except CoordinationUnavailable as exc:
-            error = CoordinationDown(f"cannot reach the instance bus: {exc}")
+            log.warning("task %s: cannot reach the instance bus: %s", task_id, exc)
+            error = CoordinationDown(
+                "the instance that owns the chosen node cannot be reached for the moment; "
+                "retry after the Retry-After delay"
+            )
             return self.machine.dispatch_failed(
                 task_id, placement, effect.target, error, self.clock()
             )
@@ -307,7 +313,8 @@ class Instance:
                 f"ratelimit:{key_id}", limit=limit, period_s=period
             )
         except CoordinationUnavailable as exc:
-            raise CoordinationDown(f"coordination store unavailable: {exc}") from None
+            log.warning("rate limit check failed: %s", exc)
+            raise CoordinationDown(COORDINATION_DOWN_MESSAGE) from None
         if not decision.allowed:
             raise RateLimited(
                 f"rate limit of {limit} requests per {period:g} s exceeded for this API key",
@@ -397,6 +404,12 @@ class Instance:
 
     async def rate_task(self, task_id: str, key_id: str, score: int) -> None:
         await self.recorder.rate_task(task_id, key_id, score)
+        # Visible at once here; the other instances re-read the ratings every
+        # RATINGS_REFRESH_S (see the README's HTTP API section).
+        try:
+            self.machine.set_ratings(await self.store.node_ratings())
+        except StoreError as exc:
+            log.warning("could not re-read the node ratings after a rating: %s", exc)
 
     # -- status -----------------------------------------------------------------------------
 

@@ -66,6 +66,11 @@ class Membership:
         self._judge = LivenessJudge(self.timing)
         self._beat_view = LivenessJudge(self.timing)
         self._peers: dict[str, InstanceSnapshot] = {}
+        # Peers forgotten (judged dead, or an assign reached nobody) -> their last beat then:
+        # they stay out of ``peers`` until they beat again, so the next beat's read does not
+        # bring a killed peer back into the placement view and the API's lists for its TTL.
+        self._forgotten: dict[str, float] = {}
+        self._last_beats: dict[str, float] = {}
         self._dirty = trio.Event()
         #: called (awaited) when our presence lapsed long enough that peers may have declared
         #: us dead: drop what we forward for them, re-check ownership of our nodes
@@ -140,9 +145,13 @@ class Membership:
     def _absorb(self, view: PresenceView, round_trip_s: float) -> None:
         beats = {e.member: e.last_beat for e in view.entries}
         self._beat_view.observe(now=view.now, round_trip_s=round_trip_s, beats=beats)
+        self._last_beats = beats
+        self._forgotten = registry.still_forgotten(self._forgotten, beats)
         peers = {}
         for entry in view.entries:
             if entry.member == self.me or self._beat_view.stale(entry.member):
+                continue
+            if entry.member in self._forgotten:
                 continue
             snapshot = registry.decode_snapshot(entry.data)
             if snapshot is not None:
@@ -157,7 +166,9 @@ class Membership:
         return [s for i, s in sorted(self._peers.items()) if i != self.me]
 
     def forget_peer(self, instance_id: str) -> None:
-        """Stop placing on ``instance_id`` until it beats again (it reached nobody)."""
+        """Stop placing on (and listing) ``instance_id`` until it beats again (it reached
+        nobody, or it was judged dead)."""
+        self._forgotten[instance_id] = self._last_beats.get(instance_id, float("-inf"))
         if self._peers.pop(instance_id, None) is not None:
             self.version += 1
 

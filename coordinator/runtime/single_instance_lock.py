@@ -1,4 +1,10 @@
-"""GEMMANET_MULTI_INSTANCE=0 with Redis: exactly one instance may run on that Redis."""
+"""GEMMANET_MULTI_INSTANCE=0 with Redis: exactly one instance may run on that Redis (and key
+prefix), and no GEMMANET_MULTI_INSTANCE=1 instance may run beside it, whichever starts first.
+
+The two modes see each other through the lock and the presence registry, into which every
+instance beats: a ``=1`` instance beats, then looks for the lock; a ``=0`` instance takes the
+lock, beats, then looks for other members. Whichever order the steps interleave in, the one
+that starts second sees the other (both may refuse if they start at the same moment)."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import trio
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.core import registry
 from coordinator.errors import StartupRefused
+from coordinator.settings import Settings
 
 log = logging.getLogger("gemmanet.lock")
 
@@ -32,8 +39,8 @@ async def hold_single_instance_lock(
         name = holder.decode(errors="replace") if holder else "another instance"
         raise StartupRefused(
             f"instance {name} holds the single-instance lock in this Redis; set "
-            f"GEMMANET_MULTI_INSTANCE=1 to run several instances (the lock expires {ttl_s:g} s "
-            "after its holder stops)"
+            f"GEMMANET_MULTI_INSTANCE=1 to run several instances (a graceful stop releases the "
+            f"lock at once; a killed holder's lock expires {ttl_s:g} s after it died)"
         )
     task_status.started()
     try:
@@ -51,3 +58,37 @@ async def hold_single_instance_lock(
                 await coordination.compare_and_set(key, value, None)
             except CoordinationUnavailable:
                 pass
+
+
+async def refuse_mixed_modes(coordination: Coordination, settings: Settings) -> None:
+    """``StartupRefused`` if an instance of the other GEMMANET_MULTI_INSTANCE mode runs on this
+    Redis and prefix. Call it after this instance's first beat (and, with ``=0``, after taking
+    the lock)."""
+    prefix = settings.key_prefix
+    try:
+        if settings.multi_instance:
+            holder = await coordination.get(registry.SINGLE_INSTANCE_LOCK)
+            if holder is not None:
+                raise StartupRefused(
+                    f"instance {holder.decode(errors='replace')} runs alone on this Redis "
+                    f"(GEMMANET_MULTI_INSTANCE=0, key prefix {prefix!r}); run every instance "
+                    "with GEMMANET_MULTI_INSTANCE=1, or give this one another GEMMANET_KEY_PREFIX"
+                )
+            return
+        view = await coordination.presence_read(
+            registry.PRESENCE, stall_after_s=settings.liveness_timing().stall_gap_s
+        )
+    except CoordinationUnavailable as exc:
+        raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+    others = registry.recent_members(
+        {e.member: e.last_beat for e in view.entries},
+        now=view.now,
+        alive_ttl_s=settings.alive_ttl_s,
+        me=settings.instance_id,
+    )
+    if others:
+        raise StartupRefused(
+            f"instance(s) {', '.join(others)} already run on this Redis with "
+            f"GEMMANET_MULTI_INSTANCE=1 (key prefix {prefix!r}); set GEMMANET_MULTI_INSTANCE=1 "
+            "here too, or give this one another GEMMANET_KEY_PREFIX"
+        )

@@ -68,8 +68,12 @@ class Supervisor:
             last_tick = now
             silence = silence_deadline if now >= judge_silence_from else None
             instance.apply(machine.tick(now, silence_deadline_s=silence))
+            # Every listed peer too, not only those we wait on: a killed peer's closed inbox
+            # takes it out of placement and of the API's lists at once, not at its TTL.
+            suspects = set(machine.peers_of_interest())
+            suspects.update(p.instance_id for p in machine.peers())
             try:
-                dead = await instance.membership.dead_among(machine.peers_of_interest())
+                dead = await instance.membership.dead_among(sorted(suspects))
             except CoordinationUnavailable:
                 continue  # cannot tell: nobody is declared dead on a silent Redis
             if dead:

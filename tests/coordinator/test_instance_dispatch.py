@@ -31,6 +31,12 @@ class SweptWhileSending(PubSubBus):
         super().__init__(coordination)
         self.instance: Instance | None = None
         self.assigns: list[str] = []
+        # The peers listen on their inboxes (the sweep checks every listed peer's inbox) until
+        # the scenario declares them dead.
+        self.listening = {"B", "C"}
+
+    async def is_listening(self, instance_id: str) -> bool:
+        return instance_id in self.listening
 
     async def send(self, instance_id: str, payload: bytes) -> int:
         if b'"bus.assign"' not in payload:
@@ -40,6 +46,7 @@ class SweptWhileSending(PubSubBus):
             return 1
         assert self.instance is not None
         await trio.sleep(0.01)
+        self.listening.discard("B")
         self.instance.peers_died({"B"})
         return 0
 

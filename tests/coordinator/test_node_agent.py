@@ -772,7 +772,11 @@ async def _spawn(nursery: trio.Nursery, cmd: list[str]) -> tuple[trio.Process, d
     ("code", "exit_code", "line"),
     [
         (CloseCode.REPLACED, 3, "gemmanet node: replaced by a newer connection of node node-1"),
-        (CloseCode.AUTH_FAILED, 4, "gemmanet node: authentication failed for node node-1: check --token"),
+        (
+            CloseCode.AUTH_FAILED,
+            4,
+            "gemmanet node: authentication failed for node node-1: check --token",
+        ),
     ],
 )
 async def test_process_exits_with_the_reason_on_stderr(

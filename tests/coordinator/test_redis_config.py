@@ -14,6 +14,7 @@ from coordinator.coordination import (
     create_coordination,
 )
 from coordinator.coordination.redis import RedisCoordination, redact_url
+from coordinator.errors import SettingsError
 from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -47,7 +48,7 @@ async def test_password_from_file(redis_server_factory: ServerFactory, tmp_path:
 
 
 def test_unreadable_password_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="password file"):
+    with pytest.raises(SettingsError, match="GEMMANET_REDIS_PASSWORD_FILE"):
         RedisCoordination.from_url_and_password_file(
             "redis://127.0.0.1:1/0", str(tmp_path / "absent"), "gn"
         )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import socket
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,3 +83,126 @@ def test_serve_refuses_liveness_settings_over_the_3_s_bound(procs: Processes) ->
 def test_serve_accepts_a_tighter_ttl(procs: Processes) -> None:
     coord = procs.coordinator(GEMMANET_ALIVE_TTL_S="1.5")
     assert coord.status()["instances"] == 1
+
+
+def _all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    from coordinator.cli import build_parser
+
+    found: list[tuple[str, argparse.ArgumentParser]] = []
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> None:
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    walk(f"{name} {sub_name}".strip(), sub)
+
+    walk("", build_parser())
+    return found
+
+
+def test_every_option_of_every_subcommand_explains_itself_and_its_default() -> None:
+    parsers = _all_parsers()
+    assert {"serve", "demo", "sim run", "sim sweep", "sim replay", "loadtest", "node"} <= {
+        name for name, _ in parsers
+    }
+    missing: list[str] = []
+    for name, parser in parsers:
+        text = "".join(parser.format_help().split())  # argparse wraps lines, even at hyphens
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if action.help == argparse.SUPPRESS:
+                continue
+            label = f"gemmanet {name} {'/'.join(action.option_strings) or action.dest}"
+            if not action.help:
+                missing.append(f"{label}: no help text")
+                continue
+            shows_default = (
+                action.required
+                or action.default in (None, False)
+                or "default" in action.help.lower()
+            )
+            if not shows_default:
+                missing.append(f"{label}: default {action.default!r} not shown")
+            assert "".join(action.help.split()) in text, label
+    assert not missing, "\n".join(missing)
+
+
+def test_every_subcommand_help_runs(procs: Processes) -> None:
+    for name, _ in _all_parsers():
+        if name in ("audit", "prove-takeover"):
+            continue
+        done = procs.cli(*name.split(), "--help")
+        assert done.returncode == 0 and "usage" in done.stdout.lower(), name
+
+
+def test_sim_replay_of_a_missing_or_foreign_file_is_one_line(
+    procs: Processes, tmp_path: Path
+) -> None:
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"x": 1}\n')
+    for path, expected in (
+        (tmp_path / "seed-12.jsonl", "cannot read the trace"),
+        (foreign, "is not a simulator trace"),
+    ):
+        done = procs.cli("sim", "replay", str(path))
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+        assert done.stderr.startswith("gemmanet: ") and expected in done.stderr, done.stderr
+
+
+def test_sim_sweep_of_an_empty_range_is_refused(procs: Processes) -> None:
+    done = procs.cli("sim", "sweep", "--seeds", "20-1")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "gemmanet: --seeds '20-1' is empty: the first seed must not exceed the last"
+    )
+
+
+@pytest.mark.parametrize(
+    "variables,expected",
+    [
+        (
+            {
+                "GEMMANET_REDIS_URL": "redis://127.0.0.1:1/0",
+                "GEMMANET_REDIS_PASSWORD_FILE": "/run/secrets/redis-absent",
+            },
+            "GEMMANET_REDIS_PASSWORD_FILE='/run/secrets/redis-absent': cannot read the file",
+        ),
+        (
+            {"GEMMANET_REDIS_URL": "http://127.0.0.1:6379/0"},
+            "GEMMANET_REDIS_URL must be redis://host:port/db or rediss://… (TLS), not http://",
+        ),
+        (
+            {"GEMMANET_REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0"},
+            "GEMMANET_REDIS_PASSWORD_FILE",
+        ),
+    ],
+    ids=["password-file-missing", "http-url", "password-in-url"],
+)
+def test_bad_redis_settings_are_one_line(
+    procs: Processes, variables: dict[str, str], expected: str
+) -> None:
+    done = procs.cli("serve", "--port", str(free_port()), env={**procs.env, **variables})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert done.stderr.startswith("gemmanet: ") and expected in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr
+
+
+def test_serve_logs_running_on_once_and_sends_reason_phrases(procs: Processes) -> None:
+    coord = procs.coordinator()
+    host, port = coord.url.removeprefix("http://").split(":")
+    for path, status_line in (
+        ("/healthz", b"HTTP/1.1 200 OK\r\n"),
+        ("/nope", b"HTTP/1.1 404 Not Found\r\n"),
+    ):
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            reply = b""
+            while b"\r\n" not in reply and (chunk := raw.recv(65536)):
+                reply += chunk
+        assert reply.startswith(status_line), reply[:60]
+    log = Path(coord.proc.log_path).read_text()  # type: ignore[attr-defined]
+    assert log.count("Running on") == 1, log

@@ -40,7 +40,8 @@ CRITERIA = {
 def test_loadtest_smoke_writes_a_complete_truthful_report(tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
-        [sys.executable, "-m", "tools.loadtest", "--smoke", "--out", str(out)],
+        # The user's command (`gemmanet loadtest`), whose CLI logs at INFO level.
+        [sys.executable, "-m", "coordinator.cli", "loadtest", "--smoke", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -48,6 +49,10 @@ def test_loadtest_smoke_writes_a_complete_truthful_report(tmp_path: Path) -> Non
         check=False,
     )
     assert done.returncode in (0, 1), done.stderr[-3000:]
+    # Its own progress, not one library log line per request.
+    assert "HTTP Request:" not in done.stderr, done.stderr[-3000:]
+    for instances in (1, 2, 3):
+        assert f"{instances} instance(s) | done |" in done.stderr, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
 
     # Every phase ran: the baseline, then 2 and 3 instances, each with a kill.

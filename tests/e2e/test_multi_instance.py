@@ -138,7 +138,10 @@ async def test_kill_9_of_the_owner_fails_tasks_on_b_within_3s(shared, two, strea
     assert answered_at - killed_at < 3.0, answered_at - killed_at
     if stream:
         assert response.status_code == 200
-        assert f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text and '"status":502' in response.text
+        assert (
+            f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text
+            and '"status":502' in response.text
+        )
     else:
         assert response.status_code == 502
         assert response.json()["error"]["code"] == TaskErrorCode.NODE_DISCONNECTED
@@ -186,6 +189,9 @@ def test_redis_outage_gives_fast_503_and_recovers(shared, two) -> None:
     r = b.request(key, model="echo", prompt="during")
     assert r.status_code == 503 and "Retry-After" in r.headers
     assert r.json()["error"]["code"] == "coordination_unavailable"
+    # What happened, not where the internals live (issue 12 item 6).
+    message = r.json()["error"]["message"]
+    assert str(shared.redis.port) not in message and "redis://" not in message, message
     assert time.monotonic() - started < 2.0
     shared.redis.start()
     wait_until(

@@ -287,9 +287,7 @@ async def test_requester_killed_leaves_nothing_behind_on_the_owner(shared, answe
             # An answer after the task's end is a "duplicate" (A remembers the task ended).
             before = (await diagnostics(a))["dropped_answers"]["duplicate"]
             await node.send(Result(task_id=assign.task_id, output="orphan", chunks=1))
-            await await_until(
-                lambda: _dropped_late_above(a, before), "the late result dropped", 3
-            )
+            await await_until(lambda: _dropped_late_above(a, before), "the late result dropped", 3)
         elif answer == "result":
             await node.send(Result(task_id=assign.task_id, output="orphan"))
             await await_until(

@@ -169,7 +169,9 @@ async def test_stream_gets_error_event_when_node_dies_after_first_chunk(procs, c
     response = results[0]
     assert response.status_code == 200
     assert '"delta": "p "' in response.text or '"delta":"p "' in response.text
-    assert f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text and '"status":502' in response.text
+    assert (
+        f'"{TaskErrorCode.NODE_DISCONNECTED}"' in response.text and '"status":502' in response.text
+    )
 
 
 async def test_node_error_is_502_node_error(procs, coord, key) -> None:

@@ -65,6 +65,9 @@ def test_rating_lifecycle(setup) -> None:
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
     r = coord.http.post(url, json={"score": 4}, headers=auth)
     assert r.status_code == 200 and r.json() == {"task_id": task_id, "score": 4}
+    # At once on the instance that took it (the periodic refresh is 15 s away).
+    (node,) = coord.nodes()
+    assert node["rating"] == 4 and node["ratings"] == 1, node
     r = coord.http.post(url, json={"score": 5}, headers=auth)
     assert r.status_code == 409 and r.json()["error"]["code"] == "already_rated"
     r = coord.http.post("/api/v1/tasks/t-nope/rating", json={"score": 5}, headers=auth)

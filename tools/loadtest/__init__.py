@@ -66,18 +66,40 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"where report.json, the PNG plots and the process logs go (default {DEFAULT_OUT})",
     )
     tuning = parser.add_argument_group("overrides of the chosen profile")
-    tuning.add_argument("--nodes", type=int, default=None, metavar="N", help="simulated nodes")
-    tuning.add_argument("--rate", type=float, default=None, metavar="R", help="steady req/s")
     tuning.add_argument(
-        "--concurrency", type=int, default=None, metavar="N", help="concurrent requests of the ramp"
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="simulated nodes (default: the chosen profile's)",
     )
-    tuning.add_argument("--streams", type=int, default=None, metavar="N", help="concurrent streams")
+    tuning.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="steady req/s (default: the chosen profile's)",
+    )
+    tuning.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrent requests of the ramp (default: the chosen profile's)",
+    )
+    tuning.add_argument(
+        "--streams",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrent streams (default: the chosen profile's)",
+    )
     tuning.add_argument(
         "--fault-s",
         type=float,
         default=None,
         metavar="S",
-        help="seconds of load after the kill (0: no kill)",
+        help="seconds of load after the kill (0: no kill) (default: the chosen profile's)",
     )
     tuning.add_argument(
         "--instances",
@@ -100,9 +122,13 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
         help="store of the coordinators (default: a fresh SQLite file per phase); e.g. a "
         "PostgreSQL URL, as the seed's deployments share one",
     )
-    tuning.add_argument("--seed", type=int, default=0, help="seed of the nodes' echo latency")
     tuning.add_argument(
-        "--keep", action="store_true", help="keep each phase's temp dir (logs, journals)"
+        "--seed", type=int, default=0, help="seed of the nodes' echo latency (default 0)"
+    )
+    tuning.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep each phase's temp dir (logs, journals; default: removed)",
     )
 
 

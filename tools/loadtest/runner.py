@@ -31,6 +31,7 @@ from tools.loadtest import profile as prof
 from tools.loadtest.journal import JournalReader
 from tools.loadtest.load import Load
 from tools.loadtest.profile import MODEL, Profile
+from tools.loadtest.progress import quiet_libraries, say, show_progress
 from tools.loadtest.sampler import Sampler
 
 SETTLE_S = 10.0
@@ -44,8 +45,13 @@ _INHERITED = (
 )
 
 
-def _say(text: str) -> None:
-    print(f"[loadtest {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+def closing_line(report: dict[str, Any]) -> str:
+    verdict = "all criteria hold" if report["passed"] else "NOT all criteria hold"
+    if report["plots"]:
+        plotted = "plots " + ", ".join(report["plots"])
+    else:
+        plotted = "no plots drawn (" + report.get("plots_error", "nothing to plot") + ")"
+    return f"  {verdict}; report {report['out']}/report.json; {plotted}"
 
 
 def _machine() -> dict[str, Any]:
@@ -122,7 +128,7 @@ def _phase(
     for name in _INHERITED:
         harness.env.pop(name, None)
     if args.keep:
-        _say(f"logs and journals in {harness.dir}")
+        say(f"logs and journals in {harness.dir}")
     if instances > 1:
         redis_url = harness.redis()
         harness.env.update(
@@ -189,7 +195,7 @@ def _phase(
         )
 
     wait_until(all_online, f"{profile.nodes} nodes online", timeout_s=30 + profile.nodes / 5)
-    _say(f"{instances} instance(s) up with {profile.nodes} nodes; load starts")
+    say(f"{instances} instance(s) up with {profile.nodes} nodes; load starts")
 
     pids = {name: coords[name].proc.popen.pid for name in names}
     for proc in helpers:
@@ -210,13 +216,19 @@ def _phase(
     )
 
     def on_kill(victim: int, _t: float) -> None:
-        _say(f"killed instance {names[victim]} (kill -9)")
+        say(f"killed instance {names[victim]} (kill -9)")
+
+    async def load_with_progress() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(show_progress, load, instances)
+            await load.run(on_kill)
+            nursery.cancel_scope.cancel()
 
     with Sampler(pids) as sampler:
-        trio.run(load.run, on_kill)
+        trio.run(load_with_progress)
         alive = [name for i, name in enumerate(names) if i != load.killed]
         settled = _settle(coords, alive)
-    _say(f"{instances} instance(s): load done, {len(load.records)} requests")
+    say(f"{instances} instance(s): load done, {len(load.records)} requests")
     for proc in helpers:
         harness.stop(proc)
     reader.poll()
@@ -306,8 +318,7 @@ def print_summary(report: dict[str, Any]) -> None:
             measured = measured[:157] + "..."
         print(f"  {verdict}  {c['id']:<24} {c['threshold']:<22} {measured}  [{c['source']}]")
     print()
-    verdict = "all criteria hold" if report["passed"] else "NOT all criteria hold"
-    print(f"  {verdict}; report {report['out']}/report.json, plots {', '.join(report['plots'])}")
+    print(closing_line(report))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -333,16 +344,17 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gemmanet loadtest: error: cannot create {out}: {exc}", file=sys.stderr)
         return 2
+    quiet_libraries()
     install_signal_handlers()
     started = time.monotonic()
     phases: list[dict[str, Any]] = []
     try:
         for instances in profile.phases:
-            _say(f"phase: {instances} instance(s)")
+            say(f"phase: {instances} instance(s)")
             try:
                 phases.append(run_phase(profile, instances, args, out))
             except BenchError as exc:
-                _say(f"phase with {instances} instance(s) failed: {exc}")
+                say(f"phase with {instances} instance(s) failed: {exc}")
                 phases.append({"instances": instances, "error": str(exc)})
     except BaseException as exc:
         if not is_interrupt(exc):
@@ -364,8 +376,8 @@ def run(args: argparse.Namespace) -> int:
         report["plots"] = [p.name for p in plots.write_plots(report, out)]
     except ImportError as exc:
         report["plots"] = []
-        report["plots_error"] = f"matplotlib is needed for the plots: {exc}"
-        print(f"gemmanet loadtest: no plots: {report['plots_error']}", file=sys.stderr)
+        report["plots_error"] = f"matplotlib is needed: pip install -e '.[loadtest]' ({exc})"
+        print(f"gemmanet loadtest: no plots drawn: {report['plots_error']}", file=sys.stderr)
     (out / "report.json").write_text(
         json.dumps(analysis.clean_json(report), indent=1, sort_keys=False, allow_nan=False) + "\n"
     )

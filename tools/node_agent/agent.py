@@ -433,7 +433,9 @@ class NodeAgent:
                         parts.append(delta)
         except trio.TooSlowError:
             message = f"backend did not finish within {assign.timeout_s:g} s"
-            await outbox.send(Error(task_id=task_id, code=TaskErrorCode.BACKEND_TIMEOUT, message=message))
+            await outbox.send(
+                Error(task_id=task_id, code=TaskErrorCode.BACKEND_TIMEOUT, message=message)
+            )
             return
         except BackendError as exc:
             log.warning("task %s failed: %s", task_id, exc)
@@ -444,7 +446,9 @@ class NodeAgent:
         except Exception as exc:  # a backend bug must not take the node down
             log.exception("task %s: backend crashed", task_id)
             message = _short(f"{type(exc).__name__}: {exc}")
-            await outbox.send(Error(task_id=task_id, code=TaskErrorCode.BACKEND_ERROR, message=message))
+            await outbox.send(
+                Error(task_id=task_id, code=TaskErrorCode.BACKEND_ERROR, message=message)
+            )
             return
         chunks = len(parts) if assign.stream else 0
         await outbox.send(Result(task_id=task_id, output="".join(parts), chunks=chunks))

@@ -1,0 +1,154 @@
+"""The first hour of a new user (issue 12): stopping, restarting and mixing modes as the README
+tells a user to, against real processes and a real Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.processes import CLI, Processes, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def _lock_env(procs: Processes, redis_server, prefix: str, multi: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {
+        **procs.env,
+        "GEMMANET_REDIS_URL": redis_server.url,
+        "GEMMANET_KEY_PREFIX": prefix,
+        "GEMMANET_MULTI_INSTANCE": multi,
+    }
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_graceful_stop_releases_the_single_instance_lock(
+    procs: Processes, redis_server, stop_signal: signal.Signals
+) -> None:
+    prefix = f"lk{os.getpid()}{int(stop_signal)}"
+    env = _lock_env(procs, redis_server, prefix, "0")
+    first = procs.coordinator(**env)
+    first.proc.send_signal(stop_signal)
+    assert first.proc.wait(timeout=15) == 0
+    assert redis_server.raw_command("EXISTS", f"{prefix}:lock:single-instance") == b":0\r\n"
+    # A restart right away is not refused (the lock's TTL is 10 s).
+    again = procs.coordinator(**env)
+    assert again.status()["instances"] == 1
+
+
+@pytest.mark.parametrize("first_mode,second_mode", [("0", "1"), ("1", "0")])
+def test_the_two_modes_refuse_to_share_a_redis(
+    procs: Processes, redis_server, first_mode: str, second_mode: str
+) -> None:
+    prefix = f"mx{os.getpid()}{first_mode}"
+    first = procs.coordinator(**_lock_env(procs, redis_server, prefix, first_mode))
+    done = procs.cli(
+        "serve",
+        "--port",
+        str(free_port()),
+        env=_lock_env(procs, redis_server, prefix, second_mode),
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]  # after the log lines of its start
+    assert line.startswith("gemmanet: "), line
+    assert "GEMMANET_MULTI_INSTANCE" in line and "GEMMANET_KEY_PREFIX" in line, line
+    # The first one is untouched and still alone.
+    assert first.status()["instances"] == 1
+    assert first.proc.poll() is None
+    if second_mode == "0":
+        # The refused =0 instance let go of the lock it took for its check.
+        assert redis_server.raw_command("EXISTS", f"{prefix}:lock:single-instance") == b":0\r\n"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _run_demo(tmp_path: Path, env: dict[str, str], stop_signal: signal.Signals) -> str:
+    """Start `gemmanet demo`, wait for its curl line, stop it with ``stop_signal`` and check that
+    nothing it started survives; returns the API key of the curl line."""
+    port = free_port()
+    out = tmp_path / f"demo-{port}.log"
+    with out.open("wb") as log:
+        demo = subprocess.Popen(
+            [*CLI, "demo", "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=log
+        )
+    try:
+        curl = wait_until(
+            lambda: [line for line in out.read_text().splitlines() if line.startswith("curl ")],
+            "the demo's curl line",
+            timeout_s=60,
+        )
+        children = _children(demo.pid)
+        assert len(children) == 2, children  # the coordinator and the node
+        demo.send_signal(stop_signal)
+        assert demo.wait(timeout=30) == 0, out.read_text()
+        wait_until(lambda: not any(_alive(pid) for pid in children), "the demo's children to end")
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0, "port still taken"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    return curl[0].split("Bearer ")[1].split("'")[0]
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_demo_stops_everything_it_started_and_keeps_its_state_in_one_place(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env.pop("GEMMANET_DATABASE_URL", None)
+    first = _run_demo(tmp_path, env, stop_signal)
+    second = _run_demo(tmp_path, env, stop_signal)
+    assert first == second and first.startswith("gn_")
+    state = tmp_path / "state" / "gemmanet-demo"
+    assert (state / "gemmanet.db").exists() and (state / "demo-key").read_text().strip() == first
+    assert not (tmp_path / "gemmanet.db").exists()
+
+
+def test_after_kill_9_the_lists_agree_with_placement(procs: Processes, redis_server) -> None:
+    """Once placement found the killed instance's node gone (503 no_node_for_model), status and
+    nodes never list it again: the next beat's registry read (the dead peer's last beat is
+    still within its TTL) must not bring it back."""
+    procs.share_redis(redis_server, f"k9{os.getpid()}")
+    a, b = procs.two_instances()
+    procs.node(a, "on-a", models=("only-a",))
+    wait_until(lambda: b.has_node("on-a"), "B lists A's node")
+    key = procs.create_key("client")
+    assert b.request(key, model="only-a", prompt="x").status_code == 200
+    a.proc.kill()
+    refused = wait_until(
+        lambda: b.request(key, model="only-a", prompt="x").status_code == 503,
+        "placement on B to find A's node gone",
+        timeout_s=10,
+    )
+    assert refused
+    deadline = time.monotonic() + 2.5  # past the 0.5 s beats and the 2 s TTL
+    while time.monotonic() < deadline:
+        assert not b.has_node("on-a"), "B lists a node placement no longer uses"
+        status = b.status()
+        assert status["instances"] == 1 and status["online_nodes"] == 0, status
+        time.sleep(0.05)
