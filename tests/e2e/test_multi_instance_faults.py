@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from protocol import Assign, Cancel, Chunk, Result
-from tests.fixtures.processes import Coordinator, Processes, wait_until
+from tests.fixtures.processes import Coordinator, Processes, open_loop, wait_until
 from tests.fixtures.raw_node import raw_node
 
 pytestmark = pytest.mark.e2e
@@ -146,20 +146,10 @@ async def test_redis_restart_under_load_answers_every_request_and_recovers(share
             )
         )
 
-    async def load(stop: trio.Event) -> None:
-        async with trio.open_nursery() as requests:
-            i = 0
-            next_at = trio.current_time()
-            while not stop.is_set():
-                requests.start_soon(one, i)
-                i += 1
-                next_at += 1 / RATE_HZ
-                await trio.sleep_until(next_at)
-
     stop = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(load, stop)
+            nursery.start_soon(open_loop, one, RATE_HZ, stop)
             await trio.sleep(1.5)
             stopped_at = time.monotonic()
             await trio.to_thread.run_sync(shared.redis.stop)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from tests.fixtures.processes import Coordinator, Processes, wait_until
+from tests.fixtures.processes import Coordinator, Processes, open_loop, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
@@ -77,20 +77,10 @@ async def test_redis_paused_for_2_5_s_declares_nobody_dead(procs: Processes, red
             Outcome(target, model, prompt, started, time.monotonic(), r.status_code, r.json())
         )
 
-    async def load(stop: trio.Event) -> None:
-        async with trio.open_nursery() as requests:
-            i = 0
-            next_at = trio.current_time()
-            while not stop.is_set():
-                requests.start_soon(one, i)
-                i += 1
-                next_at += 1 / RATE_HZ
-                await trio.sleep_until(next_at)
-
     stop = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(load, stop)
+            nursery.start_soon(open_loop, one, RATE_HZ, stop)
             await trio.sleep(2.5)  # tasks (1.2-2 s each) are in flight when Redis stops
             paused_at = time.monotonic()
             redis_server.pause()
