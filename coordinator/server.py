@@ -22,13 +22,13 @@ from coordinator.app import create_app, run_instance
 from coordinator.core.liveness import FAILOVER_PROMISE_S
 from coordinator.errors import SettingsError, StartupRefused, StoreError
 from coordinator.settings import Settings
-from protocol import MAX_ENVELOPE_BYTES
+from protocol import MAX_FRAME_BYTES
 
 
 def hypercorn_config(host: str, port: int) -> Config:
     config = Config()
     config.bind = [f"{host}:{port}"]
-    config.websocket_max_message_size = MAX_ENVELOPE_BYTES + 1024
+    config.websocket_max_message_size = MAX_FRAME_BYTES
     config.graceful_timeout = 5.0
     config.accesslog = None
     # Hypercorn's own logger, handled by the root logger the CLI configures (a "-" target would

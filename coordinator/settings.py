@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from coordinator.core.liveness import LivenessTiming
 from coordinator.errors import SettingsError
 from coordinator.store import DEFAULT_DATABASE_URL
-from protocol.constraints import MAX_TIMEOUT_S
+from protocol.constraints import MAX_IDENTIFIER_LENGTH, MAX_TIMEOUT_S, is_identifier
 
 _PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -106,6 +106,15 @@ def _name(name: str, raw: str) -> str:
     return raw
 
 
+def _identifier(name: str, raw: str) -> str:
+    # The instance id travels in envelopes (welcome, bus.assign's reply_to): the wire's rule.
+    if not is_identifier(raw):
+        raise SettingsError(
+            f"{name}={raw!r} may hold only [A-Za-z0-9._:-], at most {MAX_IDENTIFIER_LENGTH}"
+        )
+    return raw
+
+
 def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
     """The fields the environment sets, parsed and checked; unset or blank variables are left
     out so that their fields keep their defaults."""
@@ -121,7 +130,7 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
         "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
         "key_prefix": ("GEMMANET_KEY_PREFIX", _name),
-        "instance_id": ("GEMMANET_INSTANCE_ID", _name),
+        "instance_id": ("GEMMANET_INSTANCE_ID", _identifier),
         "rate_limit": ("GEMMANET_RATE_LIMIT", lambda n, v: parse_rate_limit(v)),
         "task_timeout_s": (
             "GEMMANET_TASK_TIMEOUT_S",

@@ -10,10 +10,14 @@ all speak exactly the same bytes.
 
 from protocol.codec import (
     MAX_ENVELOPE_BYTES,
+    MAX_FRAME_BYTES,
+    MAX_PROMPT_BYTES,
     PROTOCOL_VERSION,
+    TASK_FRAMING_BYTES,
     decode_bus,
     decode_node,
     encode,
+    prompt_bytes,
 )
 from protocol.codes import BUSY_CODES, FINAL_CLOSE_CODES, CloseCode, TaskErrorCode
 from protocol.constraints import (
@@ -61,12 +65,15 @@ __all__ = [
     "FINAL_CLOSE_CODES",
     "IDENTIFIER_PATTERN",
     "MAX_ENVELOPE_BYTES",
+    "MAX_FRAME_BYTES",
     "MAX_IDENTIFIER_LENGTH",
     "MAX_MODELS",
     "MAX_MODEL_NAME_LENGTH",
     "MAX_PARALLEL",
+    "MAX_PROMPT_BYTES",
     "MAX_TIMEOUT_S",
     "PROTOCOL_VERSION",
+    "TASK_FRAMING_BYTES",
     "Assign",
     "BusAccepted",
     "BusAssign",
@@ -101,4 +108,5 @@ __all__ = [
     "decode_node",
     "encode",
     "is_identifier",
+    "prompt_bytes",
 ]

@@ -10,8 +10,22 @@ from protocol.envelopes import VERSION, BusEnvelope, NodeEnvelope
 from protocol.errors import EnvelopeTooLarge, MalformedEnvelope, UnsupportedVersion
 
 PROTOCOL_VERSION = VERSION
-# A prompt of a few hundred KiB plus framing fits; anything bigger is refused before parsing.
+# The one size limit of the wire: an envelope over it is refused before parsing, on a node
+# socket and on the instance bus alike. Every other size limit is derived from it.
 MAX_ENVELOPE_BYTES = 1024 * 1024
+# The WebSocket libraries' own frame limit (Hypercorn's websocket_max_message_size, trio-websocket's
+# max_message_size), both sides. A little above the envelope limit so that an oversized envelope
+# is refused by the codec with 4002 and a message saying so, not by the transport with 1009.
+MAX_FRAME_BYTES = MAX_ENVELOPE_BYTES + 1024
+# Room for everything of a task-carrying envelope except its prompt, in the worst case: the
+# bus.assign (a superset of assign) with three identifiers and reply_to (an instance id) of 128
+# characters each, a 200-character model name whose every character is escaped as \u00XX
+# (1,200 bytes), field names and a float. About 2 KiB; tests/protocol/test_codec.py checks it.
+TASK_FRAMING_BYTES = 4096
+# The largest prompt, in bytes as encoded in an envelope (UTF-8, JSON escapes, no quotes), that
+# fits in an assign and a bus.assign. The HTTP API refuses larger prompts with 413 before they are
+# placed, so no client input can make an envelope a node (or a peer instance) refuses.
+MAX_PROMPT_BYTES = MAX_ENVELOPE_BYTES - TASK_FRAMING_BYTES
 
 
 class _Header(msgspec.Struct):
@@ -30,6 +44,12 @@ T = TypeVar("T")
 def encode(envelope: msgspec.Struct) -> bytes:
     """Serialise one envelope to JSON bytes."""
     return _encoder.encode(envelope)
+
+
+def prompt_bytes(prompt: str) -> int:
+    """How many bytes ``prompt`` takes inside an envelope: its JSON-encoded UTF-8, no quotes.
+    Compare with MAX_PROMPT_BYTES. A prompt msgspec cannot encode raises msgspec.EncodeError."""
+    return len(_encoder.encode(prompt)) - 2
 
 
 def _as_bytes(data: object) -> bytes:

@@ -138,7 +138,8 @@ class BusAssign(_Envelope, tag="bus.assign", frozen=True, kw_only=True):
     prompt: str
     stream: bool = False
     timeout_s: TimeoutS = 120.0
-    reply_to: str
+    # The requester's instance id; bounded like every id, so MAX_PROMPT_BYTES can be derived.
+    reply_to: Identifier
 
 
 class BusChunk(_Envelope, tag="bus.chunk", frozen=True, kw_only=True):

@@ -52,6 +52,7 @@ from coordinator.errors import (
     CoordinationDown,
     GemmaNetError,
     NodeDisconnected,
+    PayloadTooLarge,
     RateLimited,
     StartupRefused,
     StoreError,
@@ -67,11 +68,32 @@ from coordinator.runtime.task_handle import TaskHandle
 from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
 from coordinator.store import Store
-from protocol import Assign, BusReplace, Error, Hello, ProtocolError, decode_bus, encode
+from protocol import (
+    MAX_PROMPT_BYTES,
+    Assign,
+    BusReplace,
+    Error,
+    Hello,
+    ProtocolError,
+    decode_bus,
+    encode,
+    prompt_bytes,
+)
 
 log = logging.getLogger("gemmanet.instance")
 
 REPLACE_GIVE_UP_S = 5.0
+
+
+def check_prompt_fits(prompt: str) -> None:
+    """Refuse, before placing it, a prompt whose assign a node (or a peer instance's bus) would
+    refuse: sent anyway, it would close the node's connection and fail every task on it."""
+    size = prompt_bytes(prompt)
+    if size > MAX_PROMPT_BYTES:
+        raise PayloadTooLarge(
+            f"prompt is {size:,} bytes (UTF-8, JSON-escaped); at most {MAX_PROMPT_BYTES:,}"
+            " bytes fit in a task sent to a node"
+        )
 
 
 class Instance:
@@ -327,6 +349,7 @@ class Instance:
         """Place a task on a node and send it there. The caller must ``end_task`` the handle
         (``open_task`` does it); a handle that is never ended is swept at its deadline.
         Raises NoNodeForModel / AllNodesBusy when no node can take it."""
+        check_prompt_fits(prompt)
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
         now = self.clock()

@@ -71,6 +71,7 @@ def test_the_constructor_and_the_environment_agree() -> None:
         ("GEMMANET_BUS", "kafka"),
         ("GEMMANET_KEY_PREFIX", "a b"),
         ("GEMMANET_INSTANCE_ID", "x/y"),
+        ("GEMMANET_INSTANCE_ID", "i" * 129),
         ("GEMMANET_RATE_LIMIT", "lots"),
         ("GEMMANET_TASK_TIMEOUT_S", "soon"),
         ("GEMMANET_TASK_TIMEOUT_S", "nan"),

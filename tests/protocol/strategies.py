@@ -86,7 +86,7 @@ bus_envelopes = st.one_of(
         prompt=texts,
         stream=st.booleans(),
         timeout_s=timeouts,
-        reply_to=texts,
+        reply_to=identifiers,
     ),
     st.builds(BusChunk, task_id=identifiers, conn_id=identifiers, seq=counts, delta=texts),
     st.builds(

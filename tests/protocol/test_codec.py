@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from protocol import (
     MAX_ENVELOPE_BYTES,
+    MAX_FRAME_BYTES,
+    MAX_IDENTIFIER_LENGTH,
+    MAX_MODEL_NAME_LENGTH,
+    MAX_PROMPT_BYTES,
     PROTOCOL_VERSION,
+    TASK_FRAMING_BYTES,
+    Assign,
+    BusAssign,
     BusEnvelope,
     Chunk,
     EnvelopeTooLarge,
@@ -24,6 +31,7 @@ from protocol import (
     decode_bus,
     decode_node,
     encode,
+    prompt_bytes,
 )
 from tests.protocol.strategies import (
     bus_envelopes,
@@ -250,3 +258,30 @@ def test_a_bus_envelope_is_not_a_node_envelope(envelope: BusEnvelope) -> None:
 def test_a_node_envelope_is_not_a_bus_envelope(envelope: NodeEnvelope) -> None:
     with pytest.raises(MalformedEnvelope):
         decode_bus(encode(envelope))
+
+
+def test_largest_prompt_fits_the_worst_case_task_envelopes() -> None:
+    """MAX_PROMPT_BYTES is derived, not guessed: with every other field at its largest (ids of
+    128 characters, a model name of 200 characters each escaped as \\u00XX, the longest float),
+    an assign and a bus.assign carrying a prompt of exactly MAX_PROMPT_BYTES still decode."""
+    ident = "i" * MAX_IDENTIFIER_LENGTH
+    model = "x" + "\x01" * (MAX_MODEL_NAME_LENGTH - 1)
+    prompt = "p" * MAX_PROMPT_BYTES
+    timeout = 0.1 + 0.2  # 0.30000000000000004: a float with the longest repr in range
+    bus = BusAssign(
+        task_id=ident, node_id=ident, conn_id=ident, model=model, prompt=prompt,
+        stream=False, timeout_s=timeout, reply_to=ident,
+    )  # fmt: skip
+    node = Assign(task_id=ident, model=model, prompt=prompt, stream=True, timeout_s=timeout)
+    assert decode_bus(encode(bus)) == bus
+    assert decode_node(encode(node)) == node
+    framing = len(encode(bus)) - MAX_PROMPT_BYTES
+    assert framing <= TASK_FRAMING_BYTES
+    assert MAX_ENVELOPE_BYTES - MAX_PROMPT_BYTES == TASK_FRAMING_BYTES
+    assert MAX_FRAME_BYTES > MAX_ENVELOPE_BYTES
+
+
+def test_prompt_bytes_counts_the_encoded_prompt() -> None:
+    assert prompt_bytes("abc") == 3
+    assert prompt_bytes("é") == 2
+    assert prompt_bytes('"\n\x01') == 2 + 2 + 6

@@ -35,6 +35,7 @@ from trio_websocket import (
 )
 
 from protocol import (
+    MAX_FRAME_BYTES,
     Assign,
     Cancel,
     Chunk,
@@ -216,6 +217,9 @@ class NodeAgent:
                     self.config.ws_url,
                     connect_timeout=self.config.connect_timeout_s,
                     disconnect_timeout=self.config.close_timeout_s,
+                    # The coordinator's limit, not the library's default of exactly 1 MiB: the
+                    # largest assign the HTTP API lets through must arrive (protocol.codec).
+                    max_message_size=MAX_FRAME_BYTES,
                 ) as ws:
                     connection = ws
                     welcome = await self._handshake(ws)

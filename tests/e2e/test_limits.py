@@ -1,0 +1,83 @@
+"""Limits that agree end to end (issue 13): what the HTTP API accepts always fits in what a node
+accepts, so no client input can close a node's connection; and hostile bodies end in a 4xx with
+the JSON error body, never a 500 and a traceback in the log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from protocol import MAX_PROMPT_BYTES
+from tests.fixtures.processes import Coordinator, Processes
+
+pytestmark = pytest.mark.e2e
+
+
+async def _post(coord: Coordinator, key: str, body: dict[str, object]) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=coord.url, timeout=60) as client:
+        return await client.post(
+            "/api/v1/request", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+
+
+def test_largest_prompt_is_answered_and_a_larger_one_refused_before_placement(
+    procs: Processes,
+) -> None:
+    coord = procs.coordinator()
+    procs.node(coord, "big-1", extra=("--latency-ms", "1500", "--max-parallel", "4"))
+    key = procs.create_key("client")
+    connected_at = coord.nodes()[0]["connected_at"]
+    at_limit = "a" * MAX_PROMPT_BYTES
+    # 1,048,500 bytes: the body is still under 1 MiB, but its assign would not be (the bug).
+    cases = {
+        "other": "a task already running on the node",
+        "at_limit": at_limit,
+        "one_over": at_limit + "b",
+        "body_fits": "c" * 1_048_500,
+    }
+    answers: dict[str, httpx.Response] = {}
+
+    async def one(name: str, prompt: str) -> None:
+        answers[name] = await _post(coord, key, {"model": "echo", "prompt": prompt})
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "other", cases["other"])
+            await trio.sleep(0.5)  # "other" is running on the node when the big ones arrive
+            for name in ("one_over", "body_fits", "at_limit"):
+                nursery.start_soon(one, name, cases[name])
+
+    trio.run(main)
+    for name in ("one_over", "body_fits"):
+        r = answers[name]
+        assert r.status_code == 413, (name, r.status_code, r.text[:300])
+        error = r.json()["error"]
+        assert error["code"] == "payload_too_large"
+        assert f"{MAX_PROMPT_BYTES:,}" in error["message"], error["message"]
+    assert answers["at_limit"].status_code == 200, answers["at_limit"].text[:300]
+    assert answers["at_limit"].json()["output"] == at_limit
+    assert answers["other"].status_code == 200, answers["other"].text[:300]
+    assert answers["other"].json()["output"] == cases["other"]
+    # The same connection still serves: never dropped and reconnected.
+    assert [n["connected_at"] for n in coord.nodes()] == [connected_at]
+
+
+def test_deeply_nested_body_is_a_400_without_a_traceback(procs: Processes) -> None:
+    coord = procs.coordinator()
+    key = procs.create_key("client")
+    body = b'{"model": "echo", "prompt": "x", "junk": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    for path in ("/api/v1/request", "/api/v1/tasks/t-1/rating"):
+        r = httpx.post(
+            coord.url + path,
+            content=body,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            timeout=10,
+        )
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        assert r.json()["error"]["code"] == "malformed_json"
+        assert "nest" in r.json()["error"]["message"]
+    log = Path(coord.proc.log_path).read_text()  # type: ignore[attr-defined]
+    assert "Traceback" not in log, log[-2000:]
