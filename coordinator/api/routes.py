@@ -85,6 +85,10 @@ def decode_body(data: bytes, struct: type[S]) -> S:
         raise InvalidFields(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise MalformedJson(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # msgspec gives up on nesting deeper than its recursion limit (about 1,000 levels),
+        # even in a field it would ignore: the client's mistake, not an internal error.
+        raise MalformedJson("request body is nested too deeply to be a request") from None
 
 
 def _sse(event: msgspec.Struct) -> bytes:
