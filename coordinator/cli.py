@@ -28,8 +28,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
-    from coordinator.store import Store
+    from coordinator.store import Store, check_key_name
 
+    try:
+        check_key_name(args.name)
+    except ValueError as exc:
+        return _fail(f"--name: {exc}", 2)
     store = Store.open(Settings.from_env().database_url)
     try:
         record, key = store.create_api_key_sync(args.name)
@@ -41,8 +45,12 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 
 def _nodes_enroll(args: argparse.Namespace) -> int:
-    from coordinator.store import Store
+    from coordinator.store import Store, check_node_id
 
+    try:
+        check_node_id(args.node_id)
+    except ValueError as exc:
+        return _fail(f"--node-id: {exc}", 2)
     store = Store.open(Settings.from_env().database_url)
     try:
         token = store.enroll_node_sync(args.node_id)

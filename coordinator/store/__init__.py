@@ -9,7 +9,7 @@ from __future__ import annotations
 from .engine import DEFAULT_DATABASE_URL, normalize_url
 from .errors import AlreadyRated, StoreError, StoreUnavailable, TaskForbidden, TaskNotFound
 from .records import ApiKey, TaskRecord
-from .store import Store
+from .store import Store, check_key_name, check_node_id
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -21,5 +21,7 @@ __all__ = [
     "TaskForbidden",
     "TaskNotFound",
     "TaskRecord",
+    "check_key_name",
+    "check_node_id",
     "normalize_url",
 ]

@@ -18,6 +18,8 @@ import sqlalchemy as sa
 import trio
 from sqlalchemy.engine import URL, Connection, Engine
 
+from protocol.constraints import MAX_IDENTIFIER_LENGTH, is_identifier
+
 from . import tokens
 from .cache import TtlCache
 from .engine import create_engine, create_tables, is_sqlite_memory, normalize_url, safe_url
@@ -148,7 +150,7 @@ class Store:
     @_translate_errors
     def create_api_key_sync(self, name: str) -> tuple[ApiKey, str]:
         """Create a client API key. Returns the record and the plaintext key, shown only once."""
-        _check_text("name", name)
+        check_key_name(name)
         plaintext = tokens.new_api_key()
         record = ApiKey(key_id=tokens.new_key_id(), name=name)
         with self._transaction() as conn:
@@ -201,7 +203,7 @@ class Store:
     @_translate_errors
     def enroll_node_sync(self, node_id: str) -> str:
         """Issue a token for ``node_id``; any earlier token of that node stops working."""
-        _check_text("node_id", node_id)
+        check_node_id(node_id)
         plaintext = tokens.new_node_token()
         values = {"token_hash": tokens.digest(plaintext), "enrolled_at": self._wall_clock()}
         for attempt in range(2):
@@ -395,6 +397,26 @@ class Store:
     async def node_ratings(self) -> dict[str, tuple[float, int]]:
         """node_id -> (mean score, number of ratings), over every rated task of that node."""
         return await self._run(self.node_ratings_sync)
+
+
+def check_key_name(name: str) -> None:
+    """Raise ValueError (a sentence naming the rule) unless ``name`` may label an API key."""
+    _check_text("name", name)
+
+
+def check_node_id(node_id: str) -> None:
+    """Raise ValueError unless ``node_id`` is an identifier the node protocol carries: a token
+    for any other id could never connect (its hello would be refused)."""
+    if not isinstance(node_id, str) or not is_identifier(node_id):
+        raise ValueError(
+            f"node id must be 1-{MAX_IDENTIFIER_LENGTH} characters of A-Z a-z 0-9 . _ : -"
+            f" (the node protocol's rule); got {_preview(node_id)}"
+        )
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_text(what: str, value: str) -> None:

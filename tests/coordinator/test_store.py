@@ -155,6 +155,12 @@ def test_blank_names_are_refused(store: Store) -> None:
         store.enroll_node_sync("")
 
 
+@pytest.mark.parametrize("node_id", ["a b", "quo'te", "x" * 129, "node\n"])
+def test_node_ids_the_protocol_refuses_are_never_enrolled(store: Store, node_id: str) -> None:
+    with pytest.raises(ValueError, match="node protocol"):
+        store.enroll_node_sync(node_id)
+
+
 # ---------------------------------------------------------------------- tasks
 
 

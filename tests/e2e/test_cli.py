@@ -206,3 +206,30 @@ def test_serve_logs_running_on_once_and_sends_reason_phrases(procs: Processes) -
         assert reply.startswith(status_line), reply[:60]
     log = Path(coord.proc.log_path).read_text()  # type: ignore[attr-defined]
     assert log.count("Running on") == 1, log
+
+
+@pytest.mark.parametrize(
+    "node_id", ["has space", "quo'te", 'dq"', "x" * 129, "", "slash/es", "new\nline"]
+)
+def test_enroll_refuses_a_node_id_the_protocol_refuses(procs: Processes, node_id: str) -> None:
+    """A token for an id no hello can carry could never connect: refused, one line, exit 2."""
+    done = procs.cli("nodes", "enroll", "--node-id", node_id)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "gnn_" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gemmanet: --node-id"), done.stderr
+
+
+def test_enroll_accepts_the_longest_node_id(procs: Processes) -> None:
+    done = procs.cli("nodes", "enroll", "--node-id", "a.b_c:d-" + "x" * 120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("gnn_")
+
+
+@pytest.mark.parametrize("name", ["", "   ", "n" * 300])
+def test_keys_create_refuses_an_empty_or_overlong_name(procs: Processes, name: str) -> None:
+    done = procs.cli("keys", "create", "--name", name)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "gn_" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gemmanet: --name"), done.stderr
