@@ -11,13 +11,14 @@ all speak exactly the same bytes.
 from protocol.codec import (
     MAX_ENVELOPE_BYTES,
     MAX_FRAME_BYTES,
+    MAX_OUTPUT_BYTES,
     MAX_PROMPT_BYTES,
     PROTOCOL_VERSION,
     TASK_FRAMING_BYTES,
     decode_bus,
     decode_node,
     encode,
-    prompt_bytes,
+    text_bytes,
 )
 from protocol.codes import BUSY_CODES, FINAL_CLOSE_CODES, CloseCode, TaskErrorCode
 from protocol.constraints import (
@@ -69,6 +70,7 @@ __all__ = [
     "MAX_IDENTIFIER_LENGTH",
     "MAX_MODELS",
     "MAX_MODEL_NAME_LENGTH",
+    "MAX_OUTPUT_BYTES",
     "MAX_PARALLEL",
     "MAX_PROMPT_BYTES",
     "MAX_TIMEOUT_S",
@@ -108,5 +110,5 @@ __all__ = [
     "decode_node",
     "encode",
     "is_identifier",
-    "prompt_bytes",
+    "text_bytes",
 ]

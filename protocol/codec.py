@@ -26,6 +26,11 @@ TASK_FRAMING_BYTES = 4096
 # fits in an assign and a bus.assign. The HTTP API refuses larger prompts with 413 before they are
 # placed, so no client input can make an envelope a node (or a peer instance) refuses.
 MAX_PROMPT_BYTES = MAX_ENVELOPE_BYTES - TASK_FRAMING_BYTES
+# The same bound on what a node answers: a result's output (the whole output, also of a streamed
+# task) and so every chunk. The result's other fields, and those of the bus.result an owner
+# relays, fit in the same framing. A node refuses to send more (an error instead), since the
+# coordinator would close its connection over an oversized envelope.
+MAX_OUTPUT_BYTES = MAX_ENVELOPE_BYTES - TASK_FRAMING_BYTES
 
 
 class _Header(msgspec.Struct):
@@ -46,10 +51,11 @@ def encode(envelope: msgspec.Struct) -> bytes:
     return _encoder.encode(envelope)
 
 
-def prompt_bytes(prompt: str) -> int:
-    """How many bytes ``prompt`` takes inside an envelope: its JSON-encoded UTF-8, no quotes.
-    Compare with MAX_PROMPT_BYTES. A prompt msgspec cannot encode raises msgspec.EncodeError."""
-    return len(_encoder.encode(prompt)) - 2
+def text_bytes(text: str) -> int:
+    """How many bytes ``text`` takes inside an envelope: its JSON-encoded UTF-8, no quotes.
+    Compare with MAX_PROMPT_BYTES or MAX_OUTPUT_BYTES. Additive: the size of a concatenation is
+    the sum of the sizes (JSON escapes one character at a time)."""
+    return len(_encoder.encode(text)) - 2
 
 
 def _as_bytes(data: object) -> bytes:

@@ -55,6 +55,8 @@ class TaskErrorCode(enum.StrEnum):
     # The model backend behind the node failed or timed out.
     BACKEND_ERROR = "backend_error"
     BACKEND_TIMEOUT = "backend_timeout"
+    # The model's output grew past MAX_OUTPUT_BYTES, the most a result envelope can carry.
+    OUTPUT_TOO_LARGE = "output_too_large"
 
 
 # Errors that mean "not now" rather than "this task is broken": the client gets 503 with

@@ -77,7 +77,7 @@ from protocol import (
     ProtocolError,
     decode_bus,
     encode,
-    prompt_bytes,
+    text_bytes,
 )
 
 log = logging.getLogger("gemmanet.instance")
@@ -88,7 +88,7 @@ REPLACE_GIVE_UP_S = 5.0
 def check_prompt_fits(prompt: str) -> None:
     """Refuse, before placing it, a prompt whose assign a node (or a peer instance's bus) would
     refuse: sent anyway, it would close the node's connection and fail every task on it."""
-    size = prompt_bytes(prompt)
+    size = text_bytes(prompt)
     if size > MAX_PROMPT_BYTES:
         raise PayloadTooLarge(
             f"prompt is {size:,} bytes (UTF-8, JSON-escaped); at most {MAX_PROMPT_BYTES:,}"

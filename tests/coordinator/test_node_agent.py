@@ -22,6 +22,7 @@ from trio_websocket import (
 )
 
 from protocol import (
+    MAX_OUTPUT_BYTES,
     PROTOCOL_VERSION,
     Assign,
     Cancel,
@@ -232,6 +233,19 @@ class BrokenBackend:
         if prompt == "bug":
             raise RuntimeError("unexpected thing")
         raise BackendError("ollama: HTTP 500: out of memory")
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FloodBackend:
+    """A model that talks too much: 600,000 bytes, twice."""
+
+    name = "flood"
+
+    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+        yield "x" * 600_000
+        yield "y" * 600_000
 
     async def aclose(self) -> None:
         pass
@@ -465,6 +479,22 @@ async def test_backend_failures_become_error_frames(
     assert "RuntimeError" in crash.message
     await conn.send(assign("t3", "x"))  # the node lives on
     assert (await conn.recv()).task_id == "t3"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_output_too_large_for_a_result_is_an_error_not_a_lost_connection(
+    coordinator: FakeCoordinator, nursery: trio.Nursery, stream: bool
+) -> None:
+    start_agent(nursery, coordinator.url, FloodBackend())
+    conn = await coordinator.next_conn()
+    await conn.send(assign("t1", "x", stream=stream))
+    if stream:
+        assert (await conn.recv()) == Chunk(task_id="t1", seq=0, delta="x" * 600_000)
+    error = await conn.recv()
+    assert isinstance(error, Error) and (error.task_id, error.code) == ("t1", "output_too_large")
+    assert f"{MAX_OUTPUT_BYTES:,}" in error.message
+    await conn.send(assign("t2", "x", stream=stream))  # the same connection serves on
+    assert (await conn.recv()).task_id == "t2"
 
 
 async def test_the_task_timeout_bounds_the_backend(

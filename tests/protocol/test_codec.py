@@ -31,7 +31,7 @@ from protocol import (
     decode_bus,
     decode_node,
     encode,
-    prompt_bytes,
+    text_bytes,
 )
 from tests.protocol.strategies import (
     bus_envelopes,
@@ -281,7 +281,7 @@ def test_largest_prompt_fits_the_worst_case_task_envelopes() -> None:
     assert MAX_FRAME_BYTES > MAX_ENVELOPE_BYTES
 
 
-def test_prompt_bytes_counts_the_encoded_prompt() -> None:
-    assert prompt_bytes("abc") == 3
-    assert prompt_bytes("é") == 2
-    assert prompt_bytes('"\n\x01') == 2 + 2 + 6
+def test_text_bytes_counts_the_encoded_prompt() -> None:
+    assert text_bytes("abc") == 3
+    assert text_bytes("é") == 2
+    assert text_bytes('"\n\x01') == 2 + 2 + 6

@@ -36,6 +36,7 @@ from trio_websocket import (
 
 from protocol import (
     MAX_FRAME_BYTES,
+    MAX_OUTPUT_BYTES,
     Assign,
     Cancel,
     Chunk,
@@ -49,6 +50,7 @@ from protocol import (
     Welcome,
     decode_node,
     encode,
+    text_bytes,
 )
 from tools.node_agent.backends import Backend, BackendError
 
@@ -425,6 +427,7 @@ class NodeAgent:
     async def _execute(self, assign: Assign, outbox: trio.MemorySendChannel[_Outbound]) -> None:
         task_id = assign.task_id
         parts: list[str] = []
+        size = 0
         try:
             with trio.fail_after(max(float(assign.timeout_s), 0.0)):
                 generator = self.backend.generate(assign.model, assign.prompt, assign.stream)
@@ -432,6 +435,23 @@ class NodeAgent:
                     async for delta in deltas:
                         if not delta:
                             continue
+                        size += text_bytes(delta)
+                        if size > MAX_OUTPUT_BYTES:
+                            # Sent anyway, the coordinator would close this connection over the
+                            # oversized result, failing every other task here.
+                            message = (
+                                f"output exceeds {MAX_OUTPUT_BYTES:,} bytes, the most a result"
+                                " can carry"
+                            )
+                            log.warning("task %s failed: %s", task_id, message)
+                            await outbox.send(
+                                Error(
+                                    task_id=task_id,
+                                    code=TaskErrorCode.OUTPUT_TOO_LARGE,
+                                    message=message,
+                                )
+                            )
+                            return
                         if assign.stream:
                             await outbox.send(Chunk(task_id=task_id, seq=len(parts), delta=delta))
                         parts.append(delta)
