@@ -4,6 +4,7 @@ the JSON error body, never a 500 and a traceback in the log."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 import trio
 
 from protocol import MAX_PROMPT_BYTES
-from tests.fixtures.processes import Coordinator, Processes
+from tests.fixtures.processes import Coordinator, Processes, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -81,3 +82,24 @@ def test_deeply_nested_body_is_a_400_without_a_traceback(procs: Processes) -> No
         assert "nest" in r.json()["error"]["message"]
     log = Path(coord.proc.log_path).read_text()  # type: ignore[attr-defined]
     assert "Traceback" not in log, log[-2000:]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("bus", ["pubsub", "streams"])
+def test_largest_prompt_crosses_the_instance_bus(
+    procs: Processes, redis_server: object, bus: str
+) -> None:
+    """The bus.assign a requester sends to the owner of the node is bigger than the node's
+    assign: the largest prompt the API accepts fits in it too, both ways across the bus."""
+    shared = procs.share_redis(redis_server, f"lim{os.getpid()}{bus}", GEMMANET_BUS=bus)
+    a, b = shared.two_instances()
+    shared.node(a, "on-a")
+    wait_until(lambda: b.has_node("on-a"), "B sees the node of A")
+    key = shared.create_key("client")
+    prompt = "\u00e9" * (MAX_PROMPT_BYTES // 2)  # two UTF-8 bytes each: exactly the limit
+    r = b.request(key, model="echo", prompt=prompt)
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["output"] == prompt and r.json()["node_id"] == "on-a"
+    r = b.request(key, model="echo", prompt=prompt + "a")
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    assert b.request(key, model="echo", prompt="still here").json()["output"] == "still here"
