@@ -123,6 +123,7 @@ class Instance:
             await self.coordination.ping()
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+        await self._refuse_a_running_id()
         supervisor = self.supervisor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -136,6 +137,24 @@ class Instance:
             nursery.start_soon(supervisor.check_ownership)
             nursery.start_soon(supervisor.refresh_ratings)
             task_status.started()
+
+    async def _refuse_a_running_id(self) -> None:
+        """One instance id, one live process: a second process with a running id would share
+        its inbox and make cross-instance traffic to that id's nodes fail. The rule is the
+        inbox's live listener (``Bus.held_by_live_process``), not the registry's fresh beat: a
+        beat stays fresh for the TTL after a kill -9, while a killed listener stops counting
+        at once (pub/sub) or within two presence refreshes (streams), so a killed instance can
+        be restarted at once with its id. (Two processes starting in the same instant are not
+        caught; this guards against operator mistakes, it is no lock.)"""
+        try:
+            taken = await self.bus.held_by_live_process(self.instance_id)
+        except CoordinationUnavailable as exc:
+            raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+        if taken:
+            raise StartupRefused(
+                f"instance id {self.instance_id!r} is already running (a live process listens on "
+                "its inbox); stop it or give this one another GEMMANET_INSTANCE_ID"
+            )
 
     async def leave(self) -> None:
         """A graceful stop: peers stop counting on us now rather than at the TTL. (A killed
