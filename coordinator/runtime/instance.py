@@ -95,8 +95,14 @@ class Instance:
         self._wall_clock = wall_clock
         # Ids come from the seeded generator in the simulator, from the OS otherwise.
         self._ids = random.Random(rng.getrandbits(64)) if rng else random.SystemRandom()
+        # A new one per process start: peers tell a restart with the same id from the life
+        # that held their tasks (core/requester.py, owners_reborn).
+        self.incarnation = f"{self._ids.getrandbits(64):016x}"
         self.machine = InstanceMachine(
-            self.instance_id, forward_grace_s=settings.forward_grace_s, rng=rng or random.Random()
+            self.instance_id,
+            forward_grace_s=settings.forward_grace_s,
+            rng=rng or random.Random(),
+            incarnation=self.incarnation,
         )
         self.recorder = TaskRecorder(store)
         self.outbox = BusOutbox(bus, clock)
@@ -182,6 +188,10 @@ class Instance:
     def peers_died(self, dead: set[str]) -> None:
         """Judged dead: tasks waiting on them end with 502, tasks run for them stop."""
         self.apply(self.machine.peers_dead(dead, self.clock()))
+
+    def peers_reborn(self, incarnations: dict[str, str]) -> None:
+        """The peers' lives as just read: tasks on an earlier life of a peer end with 502."""
+        self.apply(self.machine.peers_reborn(incarnations, self.clock()))
 
     # -- effects ----------------------------------------------------------------------------
 
