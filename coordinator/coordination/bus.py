@@ -42,6 +42,13 @@ class Bus(abc.ABC):
     async def is_listening(self, instance_id: str) -> bool:
         """Whether ``instance_id`` has its inbox open right now (a kill -9 closes it at once)."""
 
+    async def held_by_live_process(self, instance_id: str) -> bool:
+        """Whether a live process listens on ``instance_id``'s inbox (asked once, at start-up,
+        before listening there: an instance id may run in one process at a time). A killed
+        process must not count, so that it can be restarted at once with its id. Where the
+        listener count closes with the process's socket (pub/sub), that is ``is_listening``."""
+        return await self.is_listening(instance_id)
+
 
 class PubSubBus(Bus):
     """``Bus`` over a ``Coordination``'s publish/subscribe (Redis pub/sub in production)."""

@@ -171,6 +171,24 @@ class StreamsBus(Bus):
     def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
         return self._listen(instance_id)
 
+    async def held_by_live_process(self, instance_id: str) -> bool:
+        """The presence key outlives a killed listener by up to ``presence_ttl_s``, so its
+        existence alone cannot tell a live process from a killed one. A live one refreshes it
+        every ``refresh_s``: watch its TTL for two refresh periods; refreshed means alive,
+        counting down (or gone) means the holder is dead and its id is free."""
+        key = self._redis.redis_key(listening_key(instance_id))
+        first = await self._pttl(key)
+        if first < 0:
+            return False
+        waited = 2 * self.refresh_s
+        await trio.sleep(waited)
+        second = await self._pttl(key)
+        # Not refreshed: second ~ first - waited. Refreshed: second >= ttl - refresh_s.
+        return second >= 0 and second > first - self._ms(waited) + self._ms(self.refresh_s) / 2
+
+    async def _pttl(self, key: str) -> int:
+        return int(await self._redis.execute("PTTL", b"PTTL", key))
+
     # -- internals --------------------------------------------------------------------------
 
     @staticmethod

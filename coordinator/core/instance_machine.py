@@ -13,7 +13,7 @@ except from the ``random.Random`` it is given.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from coordinator.core import registry
@@ -42,9 +42,16 @@ Ratings = dict[str, tuple[float, int]]
 
 
 class InstanceMachine:
-    def __init__(self, instance_id: str, *, forward_grace_s: float, rng: random.Random) -> None:
+    def __init__(
+        self,
+        instance_id: str,
+        *,
+        forward_grace_s: float,
+        rng: random.Random,
+        incarnation: str = "",
+    ) -> None:
         self.me = instance_id
-        self.owner = Owner(instance_id, forward_grace_s=forward_grace_s)
+        self.owner = Owner(instance_id, forward_grace_s=forward_grace_s, incarnation=incarnation)
         self.requester = Requester(instance_id, views=self.views, rng=rng)
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
@@ -148,6 +155,11 @@ class InstanceMachine:
             self.forget_peer(instance_id)
         effects = self.requester.owners_dead(dead, now) + self.owner.requesters_dead(dead, now)
         return self._route(effects, now)
+
+    def peers_reborn(self, incarnations: Mapping[str, str], now: float) -> list[Effect]:
+        """Each peer's life as the registry reads now (``registry.InstanceSnapshot``): tasks
+        placed on an earlier life of a peer were lost with it and end with 502."""
+        return self._route(self.requester.owners_reborn(incarnations, now), now)
 
     def bus_lost(self, now: float) -> list[Effect]:
         """Our inbox was lost: what crosses the bus may be lost both ways."""

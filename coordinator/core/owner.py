@@ -44,8 +44,9 @@ REPLY_GIVE_UP_S = 5.0
 
 
 class Owner:
-    def __init__(self, instance_id: str, *, forward_grace_s: float) -> None:
+    def __init__(self, instance_id: str, *, forward_grace_s: float, incarnation: str = "") -> None:
         self.me = instance_id
+        self.incarnation = incarnation
         self.forward_grace_s = forward_grace_s
         self.nodes = NodeTable()
         self.forwarding = ForwardingTable()
@@ -242,6 +243,7 @@ class Owner:
     def snapshot(self, in_flight: int) -> InstanceSnapshot:
         return InstanceSnapshot(
             instance_id=self.me,
+            incarnation=self.incarnation,
             in_flight=in_flight,
             nodes=[
                 NodeEntry(

@@ -23,6 +23,8 @@ class NodeView:
     max_parallel: int
     in_flight: int
     rating: float | None = None
+    #: the owner's life (``InstanceSnapshot.incarnation``) the view was read from
+    incarnation: str = ""
 
     @property
     def has_capacity(self) -> bool:

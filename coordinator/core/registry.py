@@ -54,6 +54,9 @@ class InstanceSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     instance_id: str
     in_flight: int
     nodes: list[NodeEntry]
+    #: random per process start: a restart with the same instance id is a new life, and the
+    #: tasks placed on the previous life are lost with it ("": a writer that predates this)
+    incarnation: str = ""
 
 
 _encoder = msgspec.json.Encoder()
@@ -95,6 +98,7 @@ def remote_views(
                     max_parallel=entry.max_parallel,
                     in_flight=max(entry.in_flight, pending_per_conn.get(entry.conn_id, 0)),
                     rating=ratings[entry.node_id][0] if entry.node_id in ratings else None,
+                    incarnation=snap.incarnation,
                 )
             )
     return views

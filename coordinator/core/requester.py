@@ -15,7 +15,7 @@ no node ever ran it. Only when no other node can take it does the request get th
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from coordinator.core.effects import (
@@ -29,7 +29,7 @@ from coordinator.core.effects import (
     Publish,
 )
 from coordinator.core.placement import NodeView, choose_node
-from coordinator.core.tracker import TaskTracker, Verdict
+from coordinator.core.tracker import PendingTask, TaskTracker, Verdict
 from coordinator.errors import (
     AllNodesBusy,
     GemmaNetError,
@@ -114,6 +114,7 @@ class Requester:
             conn_id=view.conn_id,
             owner_instance=view.instance_id,
             deadline=request.deadline,
+            owner_incarnation=view.incarnation,
         )
         request.placements += 1
         request.dispatching = True
@@ -284,8 +285,29 @@ class Requester:
         before Redis notices it closed): no node is known to run them, so they are placed
         again elsewhere. The owner is told to cancel either way, in case it was only frozen:
         it stops the task on its node when it resumes."""
-        effects: list[Effect] = []
         doomed = [t for t in self.tracker.pending() if t.owner_instance in dead]
+        return self._owners_gone(doomed, now, why, place_unaccepted=place_unaccepted)
+
+    def owners_reborn(self, incarnations: Mapping[str, str], now: float) -> list[Effect]:
+        """``incarnations``: each peer's life as its registry entry reads now. A task placed on
+        another life of its owner than the one registered now was lost with it: the owner was
+        restarted with the same instance id (kill -9 and an immediate restart keep the inbox
+        and the beat fresh, so neither tells the old life is dead), and the new life knows
+        nothing of the task. It ends like a task of a dead owner."""
+        doomed = [
+            t
+            for t in self.tracker.pending()
+            if t.owner_instance != self.me
+            and t.owner_incarnation
+            and incarnations.get(t.owner_instance, t.owner_incarnation) != t.owner_incarnation
+        ]
+        why = "the instance serving the node was restarted; the task was lost with it"
+        return self._owners_gone(doomed, now, why, place_unaccepted=True)
+
+    def _owners_gone(
+        self, doomed: list[PendingTask], now: float, why: str | None, *, place_unaccepted: bool
+    ) -> list[Effect]:
+        effects: list[Effect] = []
         for task in doomed:
             request = self._requests.get(task.task_id)
             if request is not None and request.dispatching:

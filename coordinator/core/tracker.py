@@ -33,6 +33,8 @@ class PendingTask:
     conn_id: str
     owner_instance: str
     deadline: float
+    #: the owner's life the task was placed on ("" unknown): a restart of the owner is its death
+    owner_incarnation: str = ""
     next_seq: int = 0
     early: dict[int, str] = field(default_factory=dict)
 
@@ -56,11 +58,18 @@ class TaskTracker:
         return self._pending.values()
 
     def open(
-        self, task_id: str, *, node_id: str, conn_id: str, owner_instance: str, deadline: float
+        self,
+        task_id: str,
+        *,
+        node_id: str,
+        conn_id: str,
+        owner_instance: str,
+        deadline: float,
+        owner_incarnation: str = "",
     ) -> PendingTask:
         if task_id in self._pending or task_id in self._finished:
             raise ValueError(f"task id {task_id!r} reused")
-        task = PendingTask(task_id, node_id, conn_id, owner_instance, deadline)
+        task = PendingTask(task_id, node_id, conn_id, owner_instance, deadline, owner_incarnation)
         self._pending[task_id] = task
         return task
 

@@ -117,8 +117,14 @@ class Instance:
         self._wall_clock = wall_clock
         # Ids come from the seeded generator in the simulator, from the OS otherwise.
         self._ids = random.Random(rng.getrandbits(64)) if rng else random.SystemRandom()
+        # A new one per process start: peers tell a restart with the same id from the life
+        # that held their tasks (core/requester.py, owners_reborn).
+        self.incarnation = f"{self._ids.getrandbits(64):016x}"
         self.machine = InstanceMachine(
-            self.instance_id, forward_grace_s=settings.forward_grace_s, rng=rng or random.Random()
+            self.instance_id,
+            forward_grace_s=settings.forward_grace_s,
+            rng=rng or random.Random(),
+            incarnation=self.incarnation,
         )
         self.recorder = TaskRecorder(store)
         self.outbox = BusOutbox(bus, clock)
@@ -145,6 +151,7 @@ class Instance:
             await self.coordination.ping()
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+        await self._refuse_a_running_id()
         supervisor = self.supervisor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -158,6 +165,24 @@ class Instance:
             nursery.start_soon(supervisor.check_ownership)
             nursery.start_soon(supervisor.refresh_ratings)
             task_status.started()
+
+    async def _refuse_a_running_id(self) -> None:
+        """One instance id, one live process: a second process with a running id would share
+        its inbox and make cross-instance traffic to that id's nodes fail. The rule is the
+        inbox's live listener (``Bus.held_by_live_process``), not the registry's fresh beat: a
+        beat stays fresh for the TTL after a kill -9, while a killed listener stops counting
+        at once (pub/sub) or within two presence refreshes (streams), so a killed instance can
+        be restarted at once with its id. (Two processes starting in the same instant are not
+        caught; this guards against operator mistakes, it is no lock.)"""
+        try:
+            taken = await self.bus.held_by_live_process(self.instance_id)
+        except CoordinationUnavailable as exc:
+            raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+        if taken:
+            raise StartupRefused(
+                f"instance id {self.instance_id!r} is already running (a live process listens on "
+                "its inbox); stop it or give this one another GEMMANET_INSTANCE_ID"
+            )
 
     async def leave(self) -> None:
         """A graceful stop: peers stop counting on us now rather than at the TTL. (A killed
@@ -185,6 +210,10 @@ class Instance:
     def peers_died(self, dead: set[str]) -> None:
         """Judged dead: tasks waiting on them end with 502, tasks run for them stop."""
         self.apply(self.machine.peers_dead(dead, self.clock()))
+
+    def peers_reborn(self, incarnations: dict[str, str]) -> None:
+        """The peers' lives as just read: tasks on an earlier life of a peer end with 502."""
+        self.apply(self.machine.peers_reborn(incarnations, self.clock()))
 
     # -- effects ----------------------------------------------------------------------------
 

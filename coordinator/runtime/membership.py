@@ -72,6 +72,8 @@ class Membership:
         self._forgotten: dict[str, float] = {}
         self._last_beats: dict[str, float] = {}
         self._dirty = trio.Event()
+        #: each member's life (``InstanceSnapshot.incarnation``) as the judge's last read saw it
+        self.incarnations: dict[str, str] = {}
         #: called (awaited) when our presence lapsed long enough that peers may have declared
         #: us dead: drop what we forward for them, re-check ownership of our nodes
         self.on_presence_lapsed: Callable[[], Awaitable[None]] | None = None
@@ -193,4 +195,10 @@ class Membership:
         )
         for instance_id in dead:
             self.forget_peer(instance_id)
+        incarnations = {}
+        for entry in view.entries:
+            snapshot = registry.decode_snapshot(entry.data)
+            if snapshot is not None:
+                incarnations[entry.member] = snapshot.incarnation
+        self.incarnations = incarnations
         return dead

@@ -187,3 +187,28 @@ def test_silent_connections_are_found() -> None:
     table.register(conn("c2", "b", last_seen=0.0))
     table.touch("c2", 5.0)
     assert [c.conn_id for c in table.silent(now=6.5, deadline_s=6.0)] == ["c1"]
+
+
+# -- a restarted owner is a new life -----------------------------------------------------------
+
+
+def test_a_restarted_owner_is_a_dead_owner_for_tasks_placed_on_its_previous_life() -> None:
+    from dataclasses import replace
+
+    from coordinator.core.effects import Deliver, FailedEvent
+    from coordinator.core.requester import Requester
+    from protocol import Assign, BusAccepted
+
+    on_a = replace(view("n1"), instance_id="A", incarnation="life-1")
+    requester = Requester("B", views=lambda: [on_a], rng=None)
+    requester.submit(Assign(task_id="t1", model="m", prompt="p"), deadline=100.0)
+    requester.dispatched("t1", 1)
+    requester.accepted(BusAccepted(task_id="t1", conn_id="c-n1"))
+    # the same life, a peer this task does not depend on, an unknown life: nothing ends
+    assert requester.owners_reborn({"A": "life-1", "C": "x"}, now=1.0) == []
+    assert requester.owners_reborn({}, now=1.0) == []
+    # A was restarted with the same id: the task was lost with its first life
+    effects = requester.owners_reborn({"A": "life-2"}, now=2.0)
+    [failed] = [e for e in effects if isinstance(e, Deliver)]
+    assert isinstance(failed.event, FailedEvent) and failed.event.error.status == 502
+    assert "t1" not in requester.tracker
