@@ -35,10 +35,12 @@ from coordinator.errors import (
     GemmaNetError,
     NodeDisconnected,
     NodeFailed,
+    PayloadTooLarge,
     TaskTimedOut,
 )
 from protocol import (
     BUSY_CODES,
+    MAX_PROMPT_BYTES,
     Assign,
     BusAccepted,
     BusAssign,
@@ -48,6 +50,7 @@ from protocol import (
     BusRefused,
     BusResult,
     TaskErrorCode,
+    text_bytes,
 )
 
 # An upper bound on placements of one task (each one excludes a node, so this only matters
@@ -63,6 +66,17 @@ def failure_error(node_id: str, code: str, message: str) -> GemmaNetError:
     if code == TaskErrorCode.NODE_DISCONNECTED:
         return NodeDisconnected(message)
     return NodeFailed(f"node {node_id} failed the task ({code}): {message}")
+
+
+def check_prompt_fits(prompt: str) -> None:
+    """Refuse, before placing it, a prompt whose assign a node (or a peer instance's bus) would
+    refuse: sent anyway, it would close the node's connection and fail every task on it."""
+    size = text_bytes(prompt)
+    if size > MAX_PROMPT_BYTES:
+        raise PayloadTooLarge(
+            f"prompt is {size:,} bytes (UTF-8, JSON-escaped); at most {MAX_PROMPT_BYTES:,}"
+            " bytes fit in a task sent to a node"
+        )
 
 
 @dataclass

@@ -47,12 +47,12 @@ from coordinator.core.effects import (
 )
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
+from coordinator.core.requester import check_prompt_fits
 from coordinator.errors import (
     COORDINATION_DOWN_MESSAGE,
     CoordinationDown,
     GemmaNetError,
     NodeDisconnected,
-    PayloadTooLarge,
     RateLimited,
     StartupRefused,
     StoreError,
@@ -63,37 +63,17 @@ from coordinator.runtime.membership import Membership
 from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.node_socket import NodeSocket, serve_node_in
 from coordinator.runtime.ownership import Ownership
+from coordinator.runtime.single_instance_lock import refuse_a_running_id
 from coordinator.runtime.supervision import Supervisor
 from coordinator.runtime.task_handle import TaskHandle
 from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
 from coordinator.store import Store
-from protocol import (
-    MAX_PROMPT_BYTES,
-    Assign,
-    BusReplace,
-    Error,
-    Hello,
-    ProtocolError,
-    decode_bus,
-    encode,
-    text_bytes,
-)
+from protocol import Assign, BusReplace, Error, Hello, ProtocolError, decode_bus, encode
 
 log = logging.getLogger("gemmanet.instance")
 
 REPLACE_GIVE_UP_S = 5.0
-
-
-def check_prompt_fits(prompt: str) -> None:
-    """Refuse, before placing it, a prompt whose assign a node (or a peer instance's bus) would
-    refuse: sent anyway, it would close the node's connection and fail every task on it."""
-    size = text_bytes(prompt)
-    if size > MAX_PROMPT_BYTES:
-        raise PayloadTooLarge(
-            f"prompt is {size:,} bytes (UTF-8, JSON-escaped); at most {MAX_PROMPT_BYTES:,}"
-            " bytes fit in a task sent to a node"
-        )
 
 
 class Instance:
@@ -151,7 +131,7 @@ class Instance:
             await self.coordination.ping()
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
-        await self._refuse_a_running_id()
+        await refuse_a_running_id(self.bus, self.instance_id)
         supervisor = self.supervisor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -165,24 +145,6 @@ class Instance:
             nursery.start_soon(supervisor.check_ownership)
             nursery.start_soon(supervisor.refresh_ratings)
             task_status.started()
-
-    async def _refuse_a_running_id(self) -> None:
-        """One instance id, one live process: a second process with a running id would share
-        its inbox and make cross-instance traffic to that id's nodes fail. The rule is the
-        inbox's live listener (``Bus.held_by_live_process``), not the registry's fresh beat: a
-        beat stays fresh for the TTL after a kill -9, while a killed listener stops counting
-        at once (pub/sub) or within two presence refreshes (streams), so a killed instance can
-        be restarted at once with its id. (Two processes starting in the same instant are not
-        caught; this guards against operator mistakes, it is no lock.)"""
-        try:
-            taken = await self.bus.held_by_live_process(self.instance_id)
-        except CoordinationUnavailable as exc:
-            raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
-        if taken:
-            raise StartupRefused(
-                f"instance id {self.instance_id!r} is already running (a live process listens on "
-                "its inbox); stop it or give this one another GEMMANET_INSTANCE_ID"
-            )
 
     async def leave(self) -> None:
         """A graceful stop: peers stop counting on us now rather than at the TTL. (A killed

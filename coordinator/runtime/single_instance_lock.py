@@ -4,7 +4,10 @@ prefix), and no GEMMANET_MULTI_INSTANCE=1 instance may run beside it, whichever 
 The two modes see each other through the lock and the presence registry, into which every
 instance beats: a ``=1`` instance beats, then looks for the lock; a ``=0`` instance takes the
 lock, beats, then looks for other members. Whichever order the steps interleave in, the one
-that starts second sees the other (both may refuse if they start at the same moment)."""
+that starts second sees the other (both may refuse if they start at the same moment).
+
+``refuse_a_running_id``: in every mode, one instance id is one live process.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import logging
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination.bus import Bus
 from coordinator.core import registry
 from coordinator.errors import StartupRefused
 from coordinator.settings import Settings
@@ -91,4 +95,23 @@ async def refuse_mixed_modes(coordination: Coordination, settings: Settings) -> 
             f"instance(s) {', '.join(others)} already run on this Redis with "
             f"GEMMANET_MULTI_INSTANCE=1 (key prefix {prefix!r}); set GEMMANET_MULTI_INSTANCE=1 "
             "here too, or give this one another GEMMANET_KEY_PREFIX"
+        )
+
+
+async def refuse_a_running_id(bus: Bus, instance_id: str) -> None:
+    """One instance id, one live process: a second process with a running id would share
+    its inbox and make cross-instance traffic to that id's nodes fail. The rule is the
+    inbox's live listener (``Bus.held_by_live_process``), not the registry's fresh beat: a
+    beat stays fresh for the TTL after a kill -9, while a killed listener stops counting
+    at once (pub/sub) or within two presence refreshes (streams), so a killed instance can
+    be restarted at once with its id. (Two processes starting in the same instant are not
+    caught; this guards against operator mistakes, it is no lock.)"""
+    try:
+        taken = await bus.held_by_live_process(instance_id)
+    except CoordinationUnavailable as exc:
+        raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
+    if taken:
+        raise StartupRefused(
+            f"instance id {instance_id!r} is already running (a live process listens on "
+            "its inbox); stop it or give this one another GEMMANET_INSTANCE_ID"
         )
