@@ -111,3 +111,45 @@ async def test_unreached_dispatch_with_no_other_node_is_503(autojump_clock) -> N
                 )
             assert bus.assigns == ["B"] and len(instance.machine.requester) == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_stopping_the_instance_closes_its_node_sockets(autojump_clock) -> None:
+    """Each node socket is a task of the instance nursery: stopping the instance ends it, so
+    the WebSocket handler that waits on it returns (and the server closes the socket)."""
+    from coordinator.coordination.memory_bus import MemoryBus
+    from protocol import Hello, encode
+    from sim.actors import InstanceSide, SocketPair
+    from sim.faults import Gate
+
+    store = SimStore()
+    token = store.enroll("n1")
+    instance = Instance(
+        Settings(instance_id="A"),
+        store,  # type: ignore[arg-type]
+        MemoryCoordination(trio.current_time),
+        MemoryBus(trio.current_time),
+        rng=random.Random(1),
+    )
+    pair = SocketPair()
+    handler_returned = trio.Event()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as handlers:  # plays Quart's handler tasks
+            instance_scope = trio.CancelScope()
+
+            async def run_instance(task_status: trio.TaskStatus[None]) -> None:
+                with instance_scope:
+                    await instance.run(task_status=task_status)
+
+            await handlers.start(run_instance)
+
+            async def websocket_handler() -> None:
+                await instance.serve_node(InstanceSide(pair, Gate()))
+                handler_returned.set()
+
+            handlers.start_soon(websocket_handler)
+            await pair.node_send(encode(Hello(node_id="n1", token=token, models=["m"])).decode())
+            assert '"welcome"' in await pair.node_receive()
+            assert len(instance.nodes) == 1
+            instance_scope.cancel()
+            await handler_returned.wait()
+    assert len(instance.nodes) == 0
