@@ -10,5 +10,6 @@ node_link.py             the outbox and close request of one node connection
 node_socket.py           serving one node WebSocket (hello, auth, heartbeats, envelopes)
 task_handle.py           what a request handler holds while its task runs
 task_recorder.py         task records written in batches, off the request path
-single_instance_lock.py  GEMMANET_MULTI_INSTANCE=0 with Redis: the lock, and the mode check
+single_instance_lock.py  who may start: the lock, the mode check, one live process per id
+rate_limit.py            the per-API-key rate limit, exact across instances
 """

@@ -38,7 +38,6 @@ from coordinator.core.effects import (
     Deliver,
     Dispatch,
     Effect,
-    FailedEvent,
     NodesChanged,
     Publish,
     ReleaseOwnership,
@@ -49,11 +48,9 @@ from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.core.requester import check_prompt_fits
 from coordinator.errors import (
-    COORDINATION_DOWN_MESSAGE,
     CoordinationDown,
     GemmaNetError,
     NodeDisconnected,
-    RateLimited,
     StartupRefused,
     StoreError,
 )
@@ -63,9 +60,10 @@ from coordinator.runtime.membership import Membership
 from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.node_socket import NodeSocket, serve_node_in
 from coordinator.runtime.ownership import Ownership
+from coordinator.runtime.rate_limit import check_rate_limit
 from coordinator.runtime.single_instance_lock import refuse_a_running_id
 from coordinator.runtime.supervision import Supervisor
-from coordinator.runtime.task_handle import TaskHandle
+from coordinator.runtime.task_handle import TaskHandle, queued_failure
 from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
 from coordinator.store import Store
@@ -320,19 +318,7 @@ class Instance:
     # -- request side -----------------------------------------------------------------------
 
     async def check_rate_limit(self, key_id: str) -> None:
-        limit, period = self.settings.rate_limit
-        try:
-            decision = await self.coordination.rate_limit(
-                f"ratelimit:{key_id}", limit=limit, period_s=period
-            )
-        except CoordinationUnavailable as exc:
-            log.warning("rate limit check failed: %s", exc)
-            raise CoordinationDown(COORDINATION_DOWN_MESSAGE) from None
-        if not decision.allowed:
-            raise RateLimited(
-                f"rate limit of {limit} requests per {period:g} s exceeded for this API key",
-                retry_after_s=decision.retry_after_s,
-            )
+        await check_rate_limit(self.coordination, self.settings.rate_limit, key_id)
 
     async def start_task(
         self, *, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
@@ -361,15 +347,7 @@ class Instance:
             # Every node it was placed on turned out gone before any of them saw it: the
             # request gets that error now, like a placement that found no node at all.
             self._waiting.pop(task_id, None)
-            error: GemmaNetError = NodeDisconnected(f"task {task_id} could not be placed")
-            while True:
-                try:
-                    event = receive.receive_nowait()
-                except trio.WouldBlock:
-                    break
-                if isinstance(event, FailedEvent):
-                    error = event.error
-            raise error
+            raise queued_failure(receive) or NodeDisconnected(f"task {task_id} could not be placed")
         node_id, conn_id, owner = placement
         return TaskHandle(
             task_id=task_id,

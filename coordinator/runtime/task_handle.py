@@ -5,10 +5,21 @@ from __future__ import annotations
 import trio
 
 from coordinator.core.effects import ChunkEvent, DoneEvent, FailedEvent, MovedEvent, TaskEvent
-from coordinator.errors import TaskTimedOut
+from coordinator.errors import GemmaNetError, TaskTimedOut
 from coordinator.store import TaskRecord
 
-__all__ = ["ChunkEvent", "DoneEvent", "FailedEvent", "TaskEvent", "TaskHandle"]
+__all__ = ["ChunkEvent", "DoneEvent", "FailedEvent", "TaskEvent", "TaskHandle", "queued_failure"]
+
+
+def queued_failure(events: trio.MemoryReceiveChannel[TaskEvent]) -> GemmaNetError | None:
+    """The failure already waiting in ``events``, if any (without waiting for more)."""
+    while True:
+        try:
+            event = events.receive_nowait()
+        except trio.WouldBlock:
+            return None
+        if isinstance(event, FailedEvent):
+            return event.error
 
 
 class TaskHandle:
