@@ -21,6 +21,13 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 # Defined with the coordinator's other errors (HTTP 503, close code 1013); part of this interface.
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseUsage,
+    NodeFacts,
+)
 from coordinator.errors import CoordinationUnavailable
 
 __all__ = ["Coordination", "CoordinationUnavailable", "RateDecision", "Subscription"]
@@ -158,6 +165,46 @@ class Coordination(abc.ABC):
     @abc.abstractmethod
     async def presence_leave(self, registry: str, member: str) -> None:
         """Remove ``member`` at once (a graceful exit)."""
+
+    # -- capacity leases and the admission queue (semantics: ``leases.py``) ----------------------
+
+    @abc.abstractmethod
+    async def put_node_facts(self, facts: NodeFacts) -> None:
+        """Record what placement may rely on about a node (its owner calls this)."""
+
+    @abc.abstractmethod
+    async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
+        """Forget the node's facts if they are still those of ``conn_id``."""
+
+    @abc.abstractmethod
+    async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
+        """Reserve a candidate node for the request, or queue it, in one atomic step."""
+
+    @abc.abstractmethod
+    async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:
+        """Extend each (node id, lease id) still held to ``ttl_s`` from now; which were."""
+
+    @abc.abstractmethod
+    async def release(
+        self,
+        *,
+        request_id: str,
+        key_id: str,
+        model: str,
+        lease: tuple[str, str] | None,
+        wake_models: Sequence[str],
+        rules: AdmissionRules,
+    ) -> list[tuple[str, str]]:
+        """End a request's lease, queue entry and active-set entry. Returns (model, instance)
+        for each of ``wake_models`` whose queue is not empty: the instance of its first entry."""
+
+    @abc.abstractmethod
+    async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
+        """Active leases and memory in use per node."""
+
+    @abc.abstractmethod
+    async def queue_depths(self, models: Sequence[str], rules: AdmissionRules) -> dict[str, int]:
+        """Requests waiting per model."""
 
     # -- bus ----------------------------------------------------------------------------------
 

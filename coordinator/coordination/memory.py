@@ -29,6 +29,13 @@ from coordinator.coordination.base import (
     RateDecision,
     Subscription,
 )
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseUsage,
+    NodeFacts,
+)
 from coordinator.coordination.memory_state import MemoryState, Sink
 
 __all__ = ["MemoryCoordination", "MemoryState", "MemorySubscription", "Sink"]
@@ -145,6 +152,51 @@ class MemoryCoordination(Coordination):
 
     async def presence_leave(self, registry: str, member: str) -> None:
         (await self._enter()).presence.leave(registry, member)
+
+    # -- capacity leases -----------------------------------------------------------------------
+
+    async def put_node_facts(self, facts: NodeFacts) -> None:
+        (await self._enter()).leases.put_facts(facts)
+
+    async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
+        (await self._enter()).leases.drop_facts(node_id, conn_id)
+
+    async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
+        state = await self._enter()
+        return state.leases.admit(ask, rules, state.now())
+
+    async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:
+        state = await self._enter()
+        return state.leases.renew(leases, ttl_s, state.now())
+
+    async def release(
+        self,
+        *,
+        request_id: str,
+        key_id: str,
+        model: str,
+        lease: tuple[str, str] | None,
+        wake_models: Sequence[str],
+        rules: AdmissionRules,
+    ) -> list[tuple[str, str]]:
+        state = await self._enter()
+        return state.leases.release(
+            request_id=request_id,
+            key_id=key_id,
+            model=model,
+            lease=lease,
+            wake_models=wake_models,
+            rules=rules,
+            now=state.now(),
+        )
+
+    async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
+        state = await self._enter()
+        return state.leases.usage(node_ids, state.now())
+
+    async def queue_depths(self, models: Sequence[str], rules: AdmissionRules) -> dict[str, int]:
+        state = await self._enter()
+        return state.leases.queue_depths(models, rules, state.now())
 
     # -- bus ----------------------------------------------------------------------------------
 

@@ -61,6 +61,12 @@ class PresenceRegistries:
     def read(self, name: str, *, now: float, stall_after_s: float) -> PresenceView:
         return self._view(self._touch(name, now, stall_after_s), now)
 
+    def alive(self, name: str, member: str, window_s: float, now: float) -> bool:
+        """Whether ``member`` beat in registry ``name`` within the last ``window_s``."""
+        registry = self._registries.get(name)
+        beat = registry.beats.get(member) if registry is not None else None
+        return beat is not None and now - beat[0] <= window_s
+
     def leave(self, name: str, member: str) -> None:
         registry = self._registries.get(name)
         if registry is not None:

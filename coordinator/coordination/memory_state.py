@@ -1,5 +1,5 @@
 """The embedded backend's state: plain synchronous keys with TTLs, counters, sliding-window
-rate logs, presence registries and channel fan-out, on one injected clock.
+rate logs, presence registries, capacity leases and channel fan-out, on one injected clock.
 
 Every decision reads the injected clock, never wall time, randomness or hash order, so the
 simulator can drive it on virtual time and get the same trace for the same seed. Expired keys are
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.coordination.base import PresenceView, RateDecision
+from coordinator.coordination.memory_leases import LeaseTables
 from coordinator.coordination.memory_presence import PresenceRegistries
 
 __all__ = ["MemoryState", "Sink"]
@@ -50,6 +51,8 @@ class MemoryState:
         self._channels: dict[str, _Channel] = {}
         self._next_sink_id = 0
         self.presence = PresenceRegistries()
+        #: capacity leases and admission queues (callers pass ``now()``)
+        self.leases = LeaseTables(self.presence.alive)
         #: payloads lost because a subscriber's buffer was full
         self.dropped = 0
 
@@ -267,4 +270,5 @@ class MemoryState:
             "rate_heap": len(self._rate_heap),
             "channels": len(self._channels),
             "presence": self.presence.size(),
+            "leases": self.leases.size(),
         }

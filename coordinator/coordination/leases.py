@@ -1,0 +1,118 @@
+"""Capacity leases and the shared admission queue: the types of that part of the coordination
+interface, and the semantics every backend honours (``memory_leases.py`` is the reference,
+``redis_lease_scripts.py`` the same thing as Lua scripts on the server's clock).
+
+* **Node facts** (``put_node_facts``) are written by the instance that owns a node's
+  connection, when it connects and when its resident models change; ``drop_node_facts``
+  removes them when that connection ends. Facts are *fresh* while their owner instance beats
+  in the presence registry (``AdmissionRules.presence_registry``) within ``facts_stale_s``.
+* **``admit``** is one atomic step, one round trip: it enters the request in its API key's
+  active set (running or queued, at most ``max_active_per_key``), keeps the model's queue
+  first come first served (a request with anybody queued ahead of it waits), then tries the
+  candidate nodes in the caller's order and reserves the first that has room: its facts are
+  those of the candidate's connection and fresh, fewer leases than ``max_parallel``, and the
+  memory budget holds the resident models, the models and KV budgets of its active leases and
+  what this request adds. A reservation is a lease with a TTL (server time); the grant takes
+  the request out of the queue. Without room it joins the queue (``queued``), or is refused
+  (``queue_full``, ``key_limit``, or ``refused`` when no candidate is usable at all: every one
+  stale or gone).
+* A queue entry ends when its request is granted or released, when its own expiry passes, or
+  when its instance stops beating (``requester_stale_s``): a dead instance's entries do not
+  block the queue. Likewise a dead instance's entries in an active set stop counting.
+* **``renew_leases``** extends leases that are still held; **``release``** ends a request:
+  its lease (if any), its queue entry and its active-set entry, and returns, for each model
+  in ``wake_models`` with a queue, the instance whose request is first in it now (the caller
+  tells that instance to try again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "Admission",
+    "AdmissionRules",
+    "LeaseAsk",
+    "LeaseUsage",
+    "NodeFacts",
+    "Outcome",
+    "RefusalReason",
+]
+
+#: Why a candidate node was not reserved: its facts name another connection or none ("gone"),
+#: its owner stopped beating ("stale"), all its parallel slots are leased ("full"), or the
+#: request's memory does not fit in its budget ("memory").
+RefusalReason = Literal["gone", "stale", "full", "memory"]
+Outcome = Literal["granted", "queued", "queue_full", "key_limit", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What placement may rely on about one node, written by its owner instance."""
+
+    node_id: str
+    conn_id: str
+    instance_id: str
+    max_parallel: int
+    #: GPU memory budget in GB (all memory the node may use for model residency); None: only
+    #: the parallel budget is checked
+    memory_gb: float | None = None
+    #: models resident now, with their resident size in GB from the model catalog (0: unknown)
+    resident: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRules:
+    """Settings every admission call carries (the same on every instance)."""
+
+    #: presence registry whose beats tell which instances are alive
+    presence_registry: str
+    #: node facts whose owner has not beaten for this long are not trusted
+    facts_stale_s: float
+    #: queue and active-set entries of an instance silent this long are dropped
+    requester_stale_s: float
+    lease_ttl_s: float
+    queue_max: int
+    #: 0: unlimited
+    max_active_per_key: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseAsk:
+    """One admission attempt of one request."""
+
+    request_id: str
+    #: the requester instance (its queue entry dies with it)
+    instance_id: str
+    key_id: str
+    model: str
+    #: the model's resident size and per-request KV budget in GB (0 when the catalog has none)
+    model_gb: float
+    kv_gb: float
+    #: (node id, connection id) in order of preference
+    candidates: tuple[tuple[str, str], ...]
+    #: unique per attempt; becomes the lease id when granted
+    lease_id: str
+    #: a queue entry this call creates expires this long after it is created
+    queue_entry_ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    outcome: Outcome
+    node_id: str = ""
+    conn_id: str = ""
+    lease_id: str = ""
+    #: queued: requests ahead of this one
+    position: int = 0
+    #: per candidate node not reserved, why
+    refusals: dict[str, RefusalReason] = field(default_factory=dict)
+    #: granted with others still queued for the model: the instance of the first of them
+    next_in_queue: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseUsage:
+    leases: int
+    memory_gb: float
