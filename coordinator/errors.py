@@ -15,6 +15,7 @@ error code and, where a node socket closes because of it, its close code.
     ├── PayloadTooLarge             413 payload_too_large
     ├── InvalidFields               422 invalid_request
     ├── RateLimited                 429 rate_limited         (Retry-After)
+    ├── TooManyActive               429 too_many_active      (Retry-After)
     ├── NodeDisconnected            502 node_disconnected
     ├── NodeFailed                  502 node_error
     ├── Unavailable                 503 unavailable          (Retry-After)
@@ -63,6 +64,7 @@ __all__ = [
     "TaskForbidden",
     "TaskNotFound",
     "TaskTimedOut",
+    "TooManyActive",
     "Unauthorized",
     "Unavailable",
 ]
@@ -149,6 +151,12 @@ class _RetryLater(GemmaNetError):
 
 class RateLimited(_RetryLater):
     status, code = 429, "rate_limited"
+
+
+class TooManyActive(_RetryLater):
+    """The API key has GEMMANET_MAX_ACTIVE_PER_KEY requests running or queued already."""
+
+    status, code = 429, "too_many_active"
 
 
 class NodeDisconnected(GemmaNetError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from coordinator.capacity import Capacity, load_capacity
 from coordinator.core.liveness import LivenessTiming
 from coordinator.errors import SettingsError
 from coordinator.store import DEFAULT_DATABASE_URL
@@ -58,6 +59,12 @@ def _number(name: str, raw: str, *, minimum: float, maximum: float) -> float:
     if not value >= minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
     return min(value, maximum)
+
+
+def _whole(name: str, raw: str, *, minimum: int) -> int:
+    if not raw.isdigit() or int(raw) < minimum:
+        raise SettingsError(f"{name}={raw!r} must be a whole number of at least {minimum}")
+    return int(raw)
 
 
 def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
@@ -145,6 +152,21 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
             lambda n, v: _number(n, v, minimum=0.1, maximum=60.0),
         ),
         "sweep_s": ("GEMMANET_SWEEP_S", lambda n, v: _number(n, v, minimum=0.05, maximum=60.0)),
+        "capacity": ("GEMMANET_CAPACITY_FILE", lambda n, v: load_capacity(v)),
+        "queue_timeout_s": (
+            "GEMMANET_QUEUE_TIMEOUT_S",
+            lambda n, v: _number(n, v, minimum=0.0, maximum=MAX_TIMEOUT_S),
+        ),
+        "queue_max": ("GEMMANET_QUEUE_MAX", lambda n, v: _whole(n, v, minimum=0)),
+        "max_active_per_key": ("GEMMANET_MAX_ACTIVE_PER_KEY", lambda n, v: _whole(n, v, minimum=1)),
+        "residency_stale_s": (
+            "GEMMANET_RESIDENCY_STALE_S",
+            lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
+        ),
+        "lease_ttl_s": (
+            "GEMMANET_LEASE_TTL_S",
+            lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
+        ),
     }
     values: dict[str, Any] = {}
     for field_name, (variable, parse) in parsers.items():
@@ -184,6 +206,16 @@ class Settings:
     sweep_s: float = 0.5
     stall_slack_s: float = 0.2
     responsive_rtt_s: float = 0.1
+    # Capacity (README "Capacity and the admission queue"): the operator file, how long and how
+    # many requests may wait for a free node, running + queued requests per API key (0:
+    # unlimited), how long a node's facts stay trusted after its owner's last beat, and the
+    # TTL of a lease (a long stream renews it; a dead requester's lease heals by it).
+    capacity: Capacity = field(default_factory=Capacity)
+    queue_timeout_s: float = 30.0
+    queue_max: int = 1000
+    max_active_per_key: int = 0
+    residency_stale_s: float = 15.0
+    lease_ttl_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

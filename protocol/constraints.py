@@ -44,6 +44,8 @@ Identifier = Annotated[
 # spelling belongs to the backends (``gemma3:4b``, ``org/model@rev``), not to us.
 ModelName = Annotated[str, Meta(min_length=1, max_length=MAX_MODEL_NAME_LENGTH, pattern=r"\S")]
 ModelList = Annotated[list[ModelName], Meta(min_length=1, max_length=MAX_MODELS)]
+#: a list of models that may be empty (the models a node has loaded right now)
+ResidentModels = Annotated[list[ModelName], Meta(max_length=MAX_MODELS)]
 ParallelSlots = Annotated[int, Meta(ge=1, le=MAX_PARALLEL)]
 VramGb = Annotated[float, Meta(ge=0, le=MAX_VRAM_GB)]
 Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]

@@ -26,6 +26,7 @@ from protocol.constraints import (
     ModelList,
     ModelName,
     ParallelSlots,
+    ResidentModels,
     TimeoutS,
     Token,
     VramGb,
@@ -72,6 +73,9 @@ class Heartbeat(_Envelope, tag="heartbeat", frozen=True, kw_only=True):
     """Either direction; proves the peer is alive. ``in_flight`` is the sender's view."""
 
     in_flight: Count = 0
+    #: node -> coordinator: the models loaded in memory now (None: the node does not say).
+    #: Placement counts their resident size against the node's memory budget.
+    resident: ResidentModels | None = None
 
 
 class Assign(_Envelope, tag="assign", frozen=True, kw_only=True):
@@ -207,6 +211,13 @@ class BusRefused(_Envelope, tag="bus.refused", frozen=True, kw_only=True):
     message: str = ""
 
 
+class BusWake(_Envelope, tag="bus.wake", frozen=True, kw_only=True):
+    """any instance -> the instance whose request is first in ``model``'s admission queue:
+    capacity was freed, try to place it now."""
+
+    model: ModelName
+
+
 BusEnvelope: TypeAlias = (
     BusAssign
     | BusAccepted
@@ -216,4 +227,5 @@ BusEnvelope: TypeAlias = (
     | BusRefused
     | BusReplace
     | BusCancel
+    | BusWake
 )

@@ -105,4 +105,57 @@ class ReleaseOwnership:
     conn_id: str
 
 
-Effect = SendToNode | CloseNode | Publish | Dispatch | Deliver | NodesChanged | ReleaseOwnership
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Take a capacity lease for the task (its ``attempt``-th placement) on one of the nodes
+    ``Requester.candidates`` names, waiting in the shared admission queue while none has
+    room. The shell reports the outcome (``Requester.reserved`` / ``reserve_failed``)."""
+
+    task_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLease:
+    """Give back what a request held in the shared store: its lease on ``lease`` (node id,
+    lease id) if any, its queue entry for ``model`` and its entry in ``key_id``'s active set
+    (empty ``model``/``key_id``: keep those, the request goes on). Instances with a request
+    first in the queue of one of ``wake_models`` are told to try again."""
+
+    task_id: str
+    key_id: str
+    model: str
+    lease: tuple[str, str] | None
+    wake_models: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WakeQueue:
+    """Capacity was freed for ``model``: this instance's first waiting request tries again."""
+
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFactsChanged:
+    """Write (or, once the connection is gone, drop) the node's facts in the shared store,
+    which capacity leases are checked against."""
+
+    node_id: str
+    conn_id: str
+    gone: bool = False
+
+
+Effect = (
+    SendToNode
+    | CloseNode
+    | Publish
+    | Dispatch
+    | Deliver
+    | NodesChanged
+    | ReleaseOwnership
+    | Reserve
+    | ReleaseLease
+    | WakeQueue
+    | NodeFactsChanged
+)

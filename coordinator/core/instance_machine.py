@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from coordinator.core import registry
-from coordinator.core.effects import Dispatch, Effect, Publish
+from coordinator.core.effects import Dispatch, Effect, Publish, WakeQueue
 from coordinator.core.node_table import NodeConnection
 from coordinator.core.owner import Owner
 from coordinator.core.placement import NodeView
@@ -36,6 +36,7 @@ from protocol import (
     BusRefused,
     BusReplace,
     BusResult,
+    BusWake,
 )
 
 Ratings = dict[str, tuple[float, int]]
@@ -49,10 +50,11 @@ class InstanceMachine:
         forward_grace_s: float,
         rng: random.Random,
         incarnation: str = "",
+        tracks_keys: bool = False,
     ) -> None:
         self.me = instance_id
         self.owner = Owner(instance_id, forward_grace_s=forward_grace_s, incarnation=incarnation)
-        self.requester = Requester(instance_id, views=self.views, rng=rng)
+        self.requester = Requester(instance_id, views=self.views, rng=rng, tracks_keys=tracks_keys)
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
         self._remote_views: list[NodeView] | None = None
@@ -100,9 +102,19 @@ class InstanceMachine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def submit(self, assign: Assign, deadline: float, now: float) -> list[Effect]:
-        """A client's task. Raises NoNodeForModel / AllNodesBusy when no node can take it."""
-        return self._route(self.requester.submit(assign, deadline), now)
+    def submit(self, assign: Assign, deadline: float, now: float, key_id: str = "") -> list[Effect]:
+        """A client's task. Raises NoNodeForModel when no online node serves its model."""
+        return self._route(self.requester.submit(assign, deadline, key_id), now)
+
+    def reserved(
+        self, task_id: str, attempt: int, view: NodeView, lease_id: str, now: float
+    ) -> list[Effect]:
+        return self._route(self.requester.reserved(task_id, attempt, view, lease_id), now)
+
+    def reserve_failed(
+        self, task_id: str, attempt: int, error: GemmaNetError, now: float
+    ) -> list[Effect]:
+        return self._route(self.requester.reserve_failed(task_id, attempt, error), now)
 
     def request_ended(self, task_id: str, outcome: str, now: float) -> list[Effect]:
         return self._route(self.requester.ended(task_id, outcome, now), now)
@@ -221,4 +233,6 @@ class InstanceMachine:
             return self.owner.cancel(envelope.task_id, envelope.reason)
         if isinstance(envelope, BusReplace):
             return self.owner.replaced(envelope.conn_id, envelope.node_id)
+        if isinstance(envelope, BusWake):
+            return [WakeQueue(envelope.model)]
         return []

@@ -21,6 +21,8 @@ class NodeConnection:
     connected_at: float
     last_seen: float
     tasks: set[str] = field(default_factory=set)
+    #: models the node reported loaded in its last heartbeat
+    resident: frozenset[str] = frozenset()
 
     @property
     def in_flight(self) -> int:

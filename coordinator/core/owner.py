@@ -12,6 +12,7 @@ from __future__ import annotations
 from coordinator.core.effects import (
     CloseNode,
     Effect,
+    NodeFactsChanged,
     NodesChanged,
     Publish,
     ReleaseOwnership,
@@ -62,7 +63,7 @@ class Owner:
     def connected(self, conn: NodeConnection) -> list[Effect]:
         """An authenticated connection; an older one of the same identity here is replaced."""
         replaced = self.nodes.register(conn)
-        effects: list[Effect] = [NodesChanged()]
+        effects: list[Effect] = [NodesChanged(), NodeFactsChanged(conn.node_id, conn.conn_id)]
         if replaced is not None:
             effects.append(self._replaced_close(replaced))
             effects += self._lose(replaced, "was replaced by a newer connection")
@@ -86,7 +87,11 @@ class Owner:
         return CloseNode(conn.conn_id, CloseCode.REPLACED, reason)
 
     def _lose(self, conn: NodeConnection, why: str) -> list[Effect]:
-        effects: list[Effect] = [ReleaseOwnership(conn.node_id, conn.conn_id), NodesChanged()]
+        effects: list[Effect] = [
+            ReleaseOwnership(conn.node_id, conn.conn_id),
+            NodesChanged(),
+            NodeFactsChanged(conn.node_id, conn.conn_id, gone=True),
+        ]
         for forward in self.forwarding.of_connection(conn.conn_id):
             gone = BusNodeGone(
                 task_id=forward.task_id, node_id=conn.node_id, conn_id=conn.conn_id, reason=why
@@ -101,7 +106,13 @@ class Owner:
         if conn is None:
             return []  # a connection already dropped: what it says means nothing now
         conn.last_seen = now
-        if isinstance(envelope, Heartbeat) or not isinstance(envelope, Chunk | Result | Error):
+        if isinstance(envelope, Heartbeat):
+            resident = envelope.resident
+            if resident is None or frozenset(resident) == conn.resident:
+                return []
+            conn.resident = frozenset(resident)
+            return [NodeFactsChanged(conn.node_id, conn.conn_id)]
+        if not isinstance(envelope, Chunk | Result | Error):
             return []
         task_id = envelope.task_id
         if task_id is None:

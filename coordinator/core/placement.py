@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from coordinator.errors import AllNodesBusy, NoNodeForModel
@@ -31,16 +31,37 @@ class NodeView:
         return self.in_flight < self.max_parallel
 
 
+def rank_candidates(
+    nodes: Iterable[NodeView],
+    *,
+    rng: random.Random | None = None,
+    last: Collection[str] = frozenset(),
+) -> list[NodeView]:
+    """Nodes in the order to try them for a lease: those with a free slot as this instance
+    sees them first, then fewest tasks in flight, then best rating; connections in ``last``
+    (they turned this task down as full) at the end. Ties are shuffled with ``rng`` (spreads
+    idle load) or, without one, go to the smallest node id (fully deterministic).
+
+    The view may be up to a beat old: the lease, not this order, decides whether a node has
+    room, so full-looking nodes stay candidates (after the others).
+    """
+    nodes = sorted(nodes, key=lambda n: n.node_id)
+    if rng is not None:
+        rng.shuffle(nodes)  # a stable sort below keeps this order among equals
+
+    def rank(n: NodeView) -> tuple[bool, bool, int, float]:
+        rating = NEUTRAL_RATING if n.rating is None else n.rating
+        return (n.conn_id in last, not n.has_capacity, n.in_flight, -rating)
+
+    return sorted(nodes, key=rank)
+
+
 def choose_node(
     nodes: Iterable[NodeView], model: str, *, rng: random.Random | None = None
 ) -> NodeView:
-    """The node to run ``model`` on: fewest tasks in flight, then best rating, among the nodes
-    serving the model with a free slot. Remaining ties go to ``rng`` (spreads idle load) or,
-    without one, to the smallest node id (fully deterministic).
-
-    Raises NoNodeForModel when no online node serves the model at all (refused at once, not
-    queued) and AllNodesBusy when every node serving it is at its max parallel.
-    """
+    """The first node ``rank_candidates`` would try for ``model`` among those with a free
+    slot. Raises NoNodeForModel when no online node serves the model and AllNodesBusy when
+    every node serving it is at its max parallel (as this instance sees them)."""
     serving = [n for n in nodes if model in n.models]
     if not serving:
         raise NoNodeForModel(f"no online node serves model {model!r}", retry_after_s=5)
@@ -50,13 +71,4 @@ def choose_node(
             f"all {len(serving)} node(s) serving model {model!r} are at their parallel limit",
             retry_after_s=1,
         )
-
-    def rank(n: NodeView) -> tuple[int, float]:
-        rating = NEUTRAL_RATING if n.rating is None else n.rating
-        return (n.in_flight, -rating)
-
-    best_rank = min(rank(n) for n in free)
-    best = sorted((n for n in free if rank(n) == best_rank), key=lambda n: n.node_id)
-    if rng is not None and len(best) > 1:
-        return best[rng.randrange(len(best))]
-    return best[0]
+    return rank_candidates(free, rng=rng)[0]

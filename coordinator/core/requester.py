@@ -10,13 +10,19 @@ Placement never gives up while another node has room: an assign that reached nob
 is gone), that the owner refused (its node was full or gone: the requester's view was stale) or
 that the node turned down as busy before producing anything is placed again elsewhere, since
 no node ever ran it. Only when no other node can take it does the request get the error.
+
+Capacity is reserved before a task is sent: each placement asks the shell for a lease
+(``Reserve``) on one of the ``candidates``, best first; the shell takes it atomically in the
+shared store, or waits in the shared admission queue while no candidate has room, and reports
+back (``reserved`` / ``reserve_failed``). Whatever a request holds there (lease, queue entry,
+active-set entry of its API key) is given back when it ends (``ReleaseLease``).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from coordinator.core.effects import (
     ChunkEvent,
@@ -27,14 +33,17 @@ from coordinator.core.effects import (
     FailedEvent,
     MovedEvent,
     Publish,
+    ReleaseLease,
+    Reserve,
 )
-from coordinator.core.placement import NodeView, choose_node
+from coordinator.core.placement import NodeView, rank_candidates
 from coordinator.core.tracker import PendingTask, TaskTracker, Verdict
 from coordinator.errors import (
     AllNodesBusy,
     GemmaNetError,
     NodeDisconnected,
     NodeFailed,
+    NoNodeForModel,
     PayloadTooLarge,
     TaskTimedOut,
 )
@@ -56,6 +65,8 @@ from protocol import (
 # An upper bound on placements of one task (each one excludes a node, so this only matters
 # in a very large network whose nodes all turn the task down).
 MAX_PLACEMENTS = 32
+# Candidates offered per lease attempt: the lease script tries them in order in one call.
+MAX_CANDIDATES = 8
 CANCEL_GIVE_UP_S = 5.0
 
 
@@ -79,11 +90,23 @@ def check_prompt_fits(prompt: str) -> None:
         )
 
 
+def no_node_serves(model: str) -> NoNodeForModel:
+    return NoNodeForModel(f"no online node serves model {model!r}", retry_after_s=5)
+
+
 @dataclass
 class Request:
     assign: Assign
     deadline: float
+    key_id: str = ""
     placements: int = 0
+    #: the lease attempt in progress (each placement takes a new lease)
+    attempt: int = 0
+    #: (node id, lease id) and the models of that node, while a lease is held
+    lease: tuple[str, str] | None = None
+    lease_models: tuple[str, ...] = ()
+    #: it waited in the admission queue (its entry is removed when it ends)
+    queued: bool = False
     # Connections that turned this task down as full, and instances it could not reach.
     full: set[str] = field(default_factory=set)
     gone_conns: set[str] = field(default_factory=set)
@@ -99,9 +122,16 @@ class Request:
 
 class Requester:
     def __init__(
-        self, instance_id: str, *, views: Callable[[], list[NodeView]], rng: random.Random
+        self,
+        instance_id: str,
+        *,
+        views: Callable[[], list[NodeView]],
+        rng: random.Random,
+        tracks_keys: bool = False,
     ) -> None:
         self.me = instance_id
+        # API keys have an active-request limit: every request holds an entry in the store.
+        self._tracks_keys = tracks_keys
         self.tracker = TaskTracker()
         self._views = views
         self._rng = rng
@@ -112,13 +142,70 @@ class Requester:
 
     # -- placement --------------------------------------------------------------------------
 
-    def submit(self, assign: Assign, deadline: float) -> list[Effect]:
-        """Place a new task. Raises NoNodeForModel / AllNodesBusy when no node can take it
-        (then nothing was created)."""
-        view = choose_node(self._views(), assign.model, rng=self._rng)
-        request = Request(assign, deadline)
+    def submit(self, assign: Assign, deadline: float, key_id: str = "") -> list[Effect]:
+        """Take a new task: ask for a lease on a node serving its model. Raises NoNodeForModel
+        when no online node serves it (refused at once, never queued)."""
+        if not any(assign.model in v.models for v in self._views()):
+            raise no_node_serves(assign.model)
+        request = Request(assign, deadline, key_id=key_id, attempt=1)
         self._requests[assign.task_id] = request
-        return self._place_on(request, view)
+        return [Reserve(assign.task_id, 1)]
+
+    def candidates(self, task_id: str, attempt: int) -> list[NodeView] | None:
+        """The nodes to try for the lease, best first (None: the attempt is over). Nodes
+        that refused this task as full come last; gone ones not at all."""
+        request = self._requests.get(task_id)
+        if request is None or request.attempt != attempt or request.lease is not None:
+            return None
+        model = request.assign.model
+        serving = [
+            v
+            for v in self._views()
+            if model in v.models
+            and v.conn_id not in request.gone_conns
+            and v.instance_id not in request.gone_instances
+        ]
+        ranked = rank_candidates(serving, rng=self._rng, last=request.full)
+        return ranked[:MAX_CANDIDATES]
+
+    def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:
+        """A lease on ``view``'s node was granted: send the task there."""
+        request = self._requests.get(task_id)
+        lease = (view.node_id, lease_id)
+        if request is None or request.attempt != attempt or request.lease is not None:
+            # Nobody wants it any more (the request ended while the lease was being taken).
+            return [ReleaseLease(task_id, "", "", lease, tuple(sorted(view.models)))]
+        request.lease, request.lease_models = lease, tuple(sorted(view.models))
+        effects: list[Effect] = []
+        if request.placements:
+            moved = MovedEvent(view.node_id, view.conn_id, view.instance_id)
+            effects.append(Deliver(task_id, moved))
+        return effects + self._place_on(request, view)
+
+    def waiting(self, task_id: str) -> None:
+        """The request waits in the admission queue."""
+        request = self._requests.get(task_id)
+        if request is not None:
+            request.queued = True
+
+    def reserve_failed(self, task_id: str, attempt: int, error: GemmaNetError) -> list[Effect]:
+        """No lease: the store refused, could not be reached, or the wait timed out."""
+        request = self._requests.get(task_id)
+        if request is None or request.attempt != attempt:
+            return []
+        return self._fail(task_id, error)
+
+    def model_of(self, task_id: str) -> str | None:
+        request = self._requests.get(task_id)
+        return None if request is None else request.assign.model
+
+    def key_of(self, task_id: str) -> str:
+        request = self._requests.get(task_id)
+        return "" if request is None else request.key_id
+
+    def leases(self) -> list[tuple[str, str]]:
+        """Every lease this instance holds, to renew."""
+        return [r.lease for r in self._requests.values() if r.lease is not None]
 
     def _place_on(self, request: Request, view: NodeView) -> list[Effect]:
         assign = request.assign
@@ -147,28 +234,40 @@ class Requester:
     def _place_again(
         self, request: Request, why: GemmaNetError, now: float, *, keep_why: bool = False
     ) -> list[Effect]:
-        """The last placement never reached a node: try another one, or end with an error —
-        why no other node can take it, or with ``keep_why`` the reason it was moved."""
+        """The last placement never reached a node: take a lease elsewhere (waiting for room
+        if need be), or end with an error — that no other node serves the model, or with
+        ``keep_why`` the reason it was moved."""
         task_id = request.assign.task_id
         self.tracker.forget(task_id)
+        effects = self._give_back_lease(request)
         if now >= request.deadline or request.placements >= MAX_PLACEMENTS:
-            return self._fail(task_id, why)
-        candidates = [
-            replace(v, in_flight=v.max_parallel) if v.conn_id in request.full else v
-            for v in self._views()
-            if v.conn_id not in request.gone_conns and v.instance_id not in request.gone_instances
-        ]
-        try:
-            view = choose_node(candidates, request.assign.model, rng=self._rng)
-        except GemmaNetError as exc:  # no other node: all_nodes_busy or no_node_for_model
-            return self._fail(task_id, why if keep_why else exc)
-        moved = MovedEvent(view.node_id, view.conn_id, view.instance_id)
-        return [Deliver(task_id, moved), *self._place_on(request, view)]
+            return effects + self._fail(task_id, why)
+        request.attempt += 1
+        if not self.candidates(task_id, request.attempt):
+            error = why if keep_why else no_node_serves(request.assign.model)
+            return effects + self._fail(task_id, error)
+        return [*effects, Reserve(task_id, request.attempt)]
+
+    def _give_back_lease(self, request: Request) -> list[Effect]:
+        """The request goes on elsewhere: its lease only is released."""
+        if request.lease is None:
+            return []
+        lease, request.lease = request.lease, None
+        return [ReleaseLease(request.assign.task_id, "", "", lease, request.lease_models)]
+
+    def _close(self, task_id: str) -> list[Effect]:
+        """The request is over: forget it and give back everything it holds in the store."""
+        request = self._requests.pop(task_id, None)
+        if request is None or not (request.lease or request.queued or self._tracks_keys):
+            return []
+        model = request.assign.model
+        wake = set(request.lease_models) | ({model} if request.queued else set())
+        return [ReleaseLease(task_id, request.key_id, model, request.lease, tuple(sorted(wake)))]
 
     def _fail(self, task_id: str, error: GemmaNetError) -> list[Effect]:
-        self._requests.pop(task_id, None)
+        effects = self._close(task_id)
         self.tracker.close(task_id)
-        return [Deliver(task_id, FailedEvent(error))]
+        return [*effects, Deliver(task_id, FailedEvent(error))]
 
     def _dispatching(self, task_id: str, placement: int) -> Request | None:
         """The request whose ``placement``-th assign is on its way (an answer may already have
@@ -276,20 +375,19 @@ class Requester:
     def _finish(self, task_id: str, conn_id: str, event: DoneEvent | FailedEvent) -> list[Effect]:
         if self.tracker.on_finish(task_id, conn_id) is not Verdict.ACCEPTED:
             return []
-        self._requests.pop(task_id, None)
-        return [Deliver(task_id, event)]
+        return [*self._close(task_id), Deliver(task_id, event)]
 
     # -- endings the requester decides ------------------------------------------------------
 
     def ended(self, task_id: str, outcome: str, now: float) -> list[Effect]:
         """The request is done with its task (answered, failed, or its client left): if the
         task still runs, its owner is told to stop it."""
-        self._requests.pop(task_id, None)
+        effects = self._close(task_id)
         task = self.tracker.close(task_id)
         if task is None:
-            return []
+            return effects
         cancel = BusCancel(task_id=task_id, reason=outcome)
-        return [Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S)]
+        return [*effects, Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S)]
 
     def owners_dead(
         self, dead: set[str], now: float, why: str | None = None, *, place_unaccepted: bool = True
@@ -351,7 +449,7 @@ class Requester:
         """Safety net for tasks nobody ended (a client gone before its stream began)."""
         effects: list[Effect] = []
         for task in self.tracker.expired(now):
-            self._requests.pop(task.task_id, None)
+            effects += self._close(task.task_id)
             error = TaskTimedOut(f"task {task.task_id} timed out")
             effects.append(Deliver(task.task_id, FailedEvent(error)))
             cancel = BusCancel(task_id=task.task_id, reason="task_timeout")

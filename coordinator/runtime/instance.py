@@ -14,6 +14,8 @@ The task tree of one instance::
     ├── Supervisor.sweep                 ticks: deadlines, silent nodes, dead peers
     ├── Supervisor.check_ownership       our nodes' owner records, every beat
     ├── Supervisor.refresh_ratings       node ratings from the store
+    ├── Admissions.renew                 capacity leases of running tasks
+    ├── NodeFactsWriter.run              our nodes' facts (what leases are checked against)
     └── serve_node (one per node)        a node WebSocket; stopping the instance closes it
 
 Stopping the instance cancels the whole tree, node sockets included.
@@ -38,11 +40,15 @@ from coordinator.core.effects import (
     Deliver,
     Dispatch,
     Effect,
+    NodeFactsChanged,
     NodesChanged,
     Publish,
+    ReleaseLease,
     ReleaseOwnership,
+    Reserve,
     SendToNode,
     TaskEvent,
+    WakeQueue,
 )
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
@@ -54,9 +60,11 @@ from coordinator.errors import (
     StartupRefused,
     StoreError,
 )
+from coordinator.runtime.admission import Admissions
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.bus_reader import read_inbox
 from coordinator.runtime.membership import Membership
+from coordinator.runtime.node_facts import NodeFactsWriter
 from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.node_socket import NodeSocket, serve_node_in
 from coordinator.runtime.ownership import Ownership
@@ -103,6 +111,7 @@ class Instance:
             forward_grace_s=settings.forward_grace_s,
             rng=rng or random.Random(),
             incarnation=self.incarnation,
+            tracks_keys=settings.max_active_per_key > 0,
         )
         self.recorder = TaskRecorder(store)
         self.outbox = BusOutbox(bus, clock)
@@ -113,6 +122,8 @@ class Instance:
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
         self.ownership = Ownership(coordination, self.instance_id, ttl_s=settings.owner_ttl_s)
+        self.admissions = Admissions(self)
+        self.node_facts = NodeFactsWriter(self)
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
@@ -142,6 +153,8 @@ class Instance:
             nursery.start_soon(supervisor.sweep)
             nursery.start_soon(supervisor.check_ownership)
             nursery.start_soon(supervisor.refresh_ratings)
+            nursery.start_soon(self.admissions.renew)
+            nursery.start_soon(self.node_facts.run)
             task_status.started()
 
     async def leave(self) -> None:
@@ -200,6 +213,14 @@ class Instance:
                 self.membership.snapshot_changed()
             elif isinstance(effect, ReleaseOwnership):
                 self._spawn(self.ownership.release, effect.node_id, effect.conn_id)
+            elif isinstance(effect, Reserve):
+                self._spawn(self._in_background, self.admissions.reserve, effect)
+            elif isinstance(effect, ReleaseLease):
+                self._spawn(self.admissions.release, effect)
+            elif isinstance(effect, WakeQueue):
+                self.admissions.wake_local(effect.model)
+            elif isinstance(effect, NodeFactsChanged):
+                self.node_facts.changed(effect)
 
     def _publish(self, effect: Publish) -> None:
         on_unreached = None
@@ -235,15 +256,24 @@ class Instance:
     async def _dispatch_in_background(self, effect: Dispatch) -> None:
         await self._carry_out(await self._dispatch(effect))
 
+    async def _in_background(
+        self, step: Callable[[Reserve], Awaitable[list[Effect]]], effect: Reserve
+    ) -> None:
+        await self._carry_out(await step(effect))
+
     async def _carry_out(self, effects: list[Effect]) -> None:
-        """Apply effects, awaiting dispatches in place (a request being placed waits for its
-        own assign to reach its owner, and for any placement that follows)."""
+        """Apply effects, awaiting leases and dispatches in place (a request being placed
+        waits for its lease, for its own assign to reach its owner, and for any placement
+        that follows)."""
         while effects:
-            dispatches = [e for e in effects if isinstance(e, Dispatch)]
-            self.apply([e for e in effects if not isinstance(e, Dispatch)])
+            steps = [e for e in effects if isinstance(e, Dispatch | Reserve)]
+            self.apply([e for e in effects if not isinstance(e, Dispatch | Reserve)])
             effects = []
-            for dispatch in dispatches:
-                effects += await self._dispatch(dispatch)
+            for step in steps:
+                if isinstance(step, Reserve):
+                    effects += await self.admissions.reserve(step)
+                else:
+                    effects += await self._dispatch(step)
 
     # -- node side --------------------------------------------------------------------------
 
@@ -258,18 +288,24 @@ class Instance:
         any instance) is closed with 4000. Raises CoordinationUnavailable when ownership
         cannot be recorded (the node retries later)."""
         now = self.clock()
+        # The operator file's budgets, where it has some for this node, else the hello's.
+        max_parallel, vram_gb = self.settings.capacity.budgets(
+            hello.node_id, hello.max_parallel, hello.vram_gb
+        )
         conn = NodeConnection(
             conn_id=self.new_id("c-"),
             node_id=hello.node_id,
             models=frozenset(hello.models),
-            max_parallel=hello.max_parallel,
-            vram_gb=hello.vram_gb,
+            max_parallel=max_parallel,
+            vram_gb=vram_gb,
             agent_version=hello.agent_version,
             connected_at=self._wall_clock(),
             last_seen=now,
         )
+        # Leases are checked against these facts: they exist before anybody can place here.
+        await self.node_facts.write_now(conn)
         self._links[conn.conn_id] = link
-        self.apply(self.machine.node_connected(conn, now))
+        self.apply(self.machine.node_connected(conn, self.clock()))
         try:
             previous = await self.ownership.claim(conn)
         except BaseException:
@@ -325,7 +361,8 @@ class Instance:
     ) -> TaskHandle:
         """Place a task on a node and send it there. The caller must ``end_task`` the handle
         (``open_task`` does it); a handle that is never ended is swept at its deadline.
-        Raises NoNodeForModel / AllNodesBusy when no node can take it."""
+        Raises NoNodeForModel when no node serves the model; waits in the admission queue
+        while none has room (AllNodesBusy after the queue timeout)."""
         check_prompt_fits(prompt)
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
@@ -337,7 +374,7 @@ class Instance:
         send, receive = trio.open_memory_channel[TaskEvent](math.inf)
         self._waiting[task_id] = send
         try:
-            await self._carry_out(self.machine.submit(assign, deadline, now))
+            await self._carry_out(self.machine.submit(assign, deadline, now, key_id))
         except BaseException:
             self._waiting.pop(task_id, None)
             self.apply(self.machine.request_ended(task_id, "client_gone", self.clock()))

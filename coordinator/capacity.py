@@ -1,0 +1,124 @@
+"""The operator file (``GEMMANET_CAPACITY_FILE``, TOML): per-node budget overrides and the model
+catalog that placement charges against each node's memory budget.
+
+    [models."llama3:8b"]
+    resident_gb = 5.5        # memory the model takes while loaded
+    kv_gb = 0.75             # extra memory per request running on it (KV cache)
+
+    [nodes."box-1"]
+    max_parallel = 2         # overrides the node's --max-parallel
+    vram_gb = 24             # overrides the node's --vram-gb (its memory budget)
+
+A model without a catalog entry is placed on the parallel budget alone; a node's parallelism is
+never inferred from its memory. Every instance should read the same file.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.errors import SettingsError
+from protocol.constraints import MAX_PARALLEL, MAX_VRAM_GB
+
+__all__ = ["Capacity", "ModelCost", "NodeBudget", "load_capacity"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCost:
+    resident_gb: float = 0.0
+    kv_gb: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBudget:
+    max_parallel: int | None = None
+    vram_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    models: dict[str, ModelCost] = field(default_factory=dict)
+    nodes: dict[str, NodeBudget] = field(default_factory=dict)
+
+    def cost(self, model: str) -> ModelCost:
+        return self.models.get(model, ModelCost())
+
+    def budgets(
+        self, node_id: str, max_parallel: int, vram_gb: float | None
+    ) -> tuple[int, float | None]:
+        """The node's (max parallel, memory budget): the operator file's, else its hello's."""
+        override = self.nodes.get(node_id, NodeBudget())
+        parallel = override.max_parallel if override.max_parallel is not None else max_parallel
+        memory = override.vram_gb if override.vram_gb is not None else vram_gb
+        return parallel, memory
+
+
+def _number(where: str, table: dict[str, Any], name: str, maximum: float) -> float | None:
+    value = table.get(name)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= maximum
+    ):
+        raise SettingsError(f"{where}.{name} = {value!r} must be a number from 0 to {maximum:g}")
+    return float(value)
+
+
+def _table(where: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SettingsError(f"{where} must be a table")
+    return value
+
+
+def _check_keys(where: str, table: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise SettingsError(f"{where} has unknown field(s) {', '.join(unknown)}")
+
+
+def parse_capacity(text: str, source: str = "the capacity file") -> Capacity:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{source} is not valid TOML: {exc}") from None
+    _check_keys(source, data, {"models", "nodes", "hosts", "telemetry"})
+    models = {}
+    for name, raw in _table(f"{source}: [models]", data.get("models", {})).items():
+        where = f'{source}: models."{name}"'
+        entry = _table(where, raw)
+        _check_keys(where, entry, {"resident_gb", "kv_gb"})
+        models[name] = ModelCost(
+            resident_gb=_number(where, entry, "resident_gb", MAX_VRAM_GB) or 0.0,
+            kv_gb=_number(where, entry, "kv_gb", MAX_VRAM_GB) or 0.0,
+        )
+    nodes = {}
+    for node_id, raw in _table(f"{source}: [nodes]", data.get("nodes", {})).items():
+        where = f'{source}: nodes."{node_id}"'
+        entry = _table(where, raw)
+        _check_keys(where, entry, {"max_parallel", "vram_gb"})
+        parallel = _number(where, entry, "max_parallel", MAX_PARALLEL)
+        if parallel is not None and (parallel < 1 or parallel != int(parallel)):
+            raise SettingsError(f"{where}.max_parallel must be a whole number of at least 1")
+        nodes[node_id] = NodeBudget(
+            max_parallel=None if parallel is None else int(parallel),
+            vram_gb=_number(where, entry, "vram_gb", MAX_VRAM_GB),
+        )
+    return Capacity(models=models, nodes=nodes)
+
+
+def load_capacity(path: str) -> Capacity:
+    """Read and check the operator file; a SettingsError names the file and the problem."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise SettingsError(f"GEMMANET_CAPACITY_FILE={path!r}: cannot read it: {exc.strerror}")
+    except UnicodeDecodeError:
+        raise SettingsError(f"GEMMANET_CAPACITY_FILE={path!r} is not UTF-8 text") from None
+    return parse_capacity(text, source=path)

@@ -1,0 +1,286 @@
+"""Capacity leases and the shared admission queue, the shell's side.
+
+The requester machine asks for a lease (``Reserve``) and gives back what a request held
+(``ReleaseLease``); this module carries both out against the shared store
+(``Coordination.admit`` / ``release``, semantics in ``coordination/leases.py``):
+
+* ``reserve`` takes a lease in one round trip, or waits for its turn in the model's queue:
+  it tries again when woken (a release anywhere tells the instance whose request is first in
+  the queue, ``BusWake``), and the first waiter of a model on this instance also re-checks
+  every ``POLL_S`` in case a wake was lost (pub/sub is at-most-once). After the queue timeout
+  it fails with ``503 all_nodes_busy``; a client that leaves stops waiting at once.
+* ``release`` runs in the background, off the answer's path, and wakes the next in line.
+* ``renew`` keeps the leases of long tasks alive; a dead instance's leases heal by their TTL.
+* When the store cannot answer, or a candidate's facts are stale, nothing is placed on a
+  guess: ``503 coordination_unavailable`` (fail closed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from coordinator.coordination import CoordinationUnavailable
+from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk
+from coordinator.core import registry
+from coordinator.core.effects import Effect, ReleaseLease, Reserve
+from coordinator.core.placement import NodeView
+from coordinator.core.requester import no_node_serves
+from coordinator.errors import AllNodesBusy, CoordinationDown, GemmaNetError, TooManyActive
+from protocol import BusWake
+
+if TYPE_CHECKING:
+    from coordinator.runtime.instance import Instance
+
+log = logging.getLogger("gemmanet.admission")
+
+#: the first waiter of a model on this instance re-checks this often (a wake may be lost)
+POLL_S = 1.0
+#: a request whose candidates all went away (a view a beat old) looks again after this long
+GONE_RETRY_S = 0.25
+#: queue and active-set entries of an instance silent this long stop counting
+REQUESTER_STALE_S = 10.0
+#: how long a failed release is retried (a lease heals by its TTL anyway; an active-set
+#: entry of a live instance would not)
+RELEASE_GIVE_UP_S = 30.0
+WAKE_GIVE_UP_S = 2.0
+
+
+def admission_rules(
+    *,
+    residency_stale_s: float,
+    lease_ttl_s: float,
+    queue_max: int,
+    max_active_per_key: int,
+) -> AdmissionRules:
+    return AdmissionRules(
+        presence_registry=registry.PRESENCE,
+        facts_stale_s=residency_stale_s,
+        requester_stale_s=REQUESTER_STALE_S,
+        lease_ttl_s=lease_ttl_s,
+        queue_max=queue_max,
+        max_active_per_key=max_active_per_key,
+    )
+
+
+@dataclass(eq=False)
+class _Waiter:
+    task_id: str
+    woken: trio.Event = field(default_factory=trio.Event)
+
+
+class Admissions:
+    def __init__(self, instance: Instance) -> None:
+        self._instance = instance
+        settings = instance.settings
+        self._settings = settings
+        self.rules = admission_rules(
+            residency_stale_s=settings.residency_stale_s,
+            lease_ttl_s=settings.lease_ttl_s,
+            queue_max=settings.queue_max,
+            max_active_per_key=settings.max_active_per_key,
+        )
+        # Per model, this instance's waiting requests in arrival order.
+        self._waiters: dict[str, list[_Waiter]] = {}
+        self.lost_leases = 0
+
+    @property
+    def _clock(self) -> Callable[[], float]:
+        return self._instance.clock
+
+    # -- taking a lease ---------------------------------------------------------------------
+
+    async def reserve(self, effect: Reserve) -> list[Effect]:
+        """Take a lease for the task, waiting for room; the machine's effects that follow."""
+        machine = self._instance.machine
+        requester = machine.requester
+        model = requester.model_of(effect.task_id)
+        if model is None:
+            return []
+        queue_until = self._clock() + self._settings.queue_timeout_s
+        waiter: _Waiter | None = None
+        try:
+            while True:
+                candidates = requester.candidates(effect.task_id, effect.attempt)
+                if candidates is None:
+                    return []  # the request ended meanwhile
+                if not candidates:
+                    return self._failed(effect, no_node_serves(model))
+                # Shielded: a lease granted to a request that is being cancelled must still
+                # reach the machine (synchronously, below), which gives it back.
+                with trio.CancelScope(shield=True):
+                    admission = await self._admit(effect, model, candidates)
+                if isinstance(admission, GemmaNetError):
+                    return self._failed(effect, admission)
+                if admission.outcome == "granted":
+                    return self._granted(effect, model, admission, candidates)
+                if admission.outcome == "queued":
+                    requester.waiting(effect.task_id)
+                elif admission.outcome != "refused" or "stale" in admission.refusals.values():
+                    return self._failed(effect, self._refusal(model, admission))
+                if self._clock() >= queue_until:
+                    return self._failed(effect, self._timed_out(model))
+                if waiter is None:
+                    waiter = _Waiter(effect.task_id)
+                    self._waiters.setdefault(model, []).append(waiter)
+                if admission.outcome == "refused":  # every candidate went away: look again
+                    await trio.sleep(GONE_RETRY_S)
+                else:
+                    await self._wait_turn(model, waiter, queue_until)
+        finally:
+            if waiter is not None:
+                self._leave(model, waiter)
+
+    async def _admit(
+        self, effect: Reserve, model: str, candidates: list[NodeView]
+    ) -> Admission | GemmaNetError:
+        requester = self._instance.machine.requester
+        cost = self._settings.capacity.cost(model)
+        ask = LeaseAsk(
+            request_id=effect.task_id,
+            instance_id=self._instance.instance_id,
+            key_id=requester.key_of(effect.task_id),
+            model=model,
+            model_gb=cost.resident_gb,
+            kv_gb=cost.kv_gb,
+            candidates=tuple((v.node_id, v.conn_id) for v in candidates),
+            lease_id=f"{effect.task_id}.{effect.attempt}",
+            queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
+        )
+        try:
+            return await self._instance.coordination.admit(ask, self.rules)
+        except CoordinationUnavailable as exc:
+            log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
+            return CoordinationDown(
+                "capacity cannot be reserved while the coordination store is unreachable; "
+                "retry after the Retry-After delay"
+            )
+
+    def _granted(
+        self, effect: Reserve, model: str, admission: Admission, candidates: list[NodeView]
+    ) -> list[Effect]:
+        if admission.next_in_queue:
+            self.wake(model, admission.next_in_queue)
+        view = next(
+            v
+            for v in candidates
+            if v.node_id == admission.node_id and v.conn_id == admission.conn_id
+        )
+        return self._instance.machine.reserved(
+            effect.task_id, effect.attempt, view, admission.lease_id, self._clock()
+        )
+
+    def _failed(self, effect: Reserve, error: GemmaNetError) -> list[Effect]:
+        return self._instance.machine.reserve_failed(
+            effect.task_id, effect.attempt, error, self._clock()
+        )
+
+    def _refusal(self, model: str, admission: Admission) -> GemmaNetError:
+        if admission.outcome == "key_limit":
+            limit = self.rules.max_active_per_key
+            return TooManyActive(
+                f"this API key already has {limit} request(s) running or queued "
+                "(GEMMANET_MAX_ACTIVE_PER_KEY)",
+                retry_after_s=1,
+            )
+        if admission.outcome == "queue_full":
+            return AllNodesBusy(
+                f"{self.rules.queue_max} request(s) already wait for model {model!r} "
+                "(GEMMANET_QUEUE_MAX)",
+                retry_after_s=5,
+            )
+        stale = sorted(n for n, reason in admission.refusals.items() if reason == "stale")
+        return CoordinationDown(
+            f"the facts of node(s) {', '.join(stale)} are stale (their instance stopped "
+            "updating them); nothing is placed on a guess",
+        )
+
+    def _timed_out(self, model: str) -> AllNodesBusy:
+        waited = self._settings.queue_timeout_s
+        return AllNodesBusy(
+            f"no node serving model {model!r} had room within {waited:g} s "
+            "(GEMMANET_QUEUE_TIMEOUT_S)",
+            retry_after_s=max(1, round(waited / 10)),
+        )
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def _wait_turn(self, model: str, waiter: _Waiter, until: float) -> None:
+        first = self._waiters[model][0] is waiter
+        wake_at = min(until, self._clock() + POLL_S) if first else until
+        with trio.move_on_at(wake_at):
+            await waiter.woken.wait()
+        waiter.woken = trio.Event()
+
+    def _leave(self, model: str, waiter: _Waiter) -> None:
+        waiters = self._waiters.get(model, [])
+        was_first = bool(waiters) and waiters[0] is waiter
+        if waiter in waiters:
+            waiters.remove(waiter)
+        if not waiters:
+            self._waiters.pop(model, None)
+        elif was_first:
+            waiters[0].woken.set()  # the next local waiter may be first in line now
+
+    def wake_local(self, model: str) -> None:
+        waiters = self._waiters.get(model)
+        if waiters:
+            waiters[0].woken.set()
+
+    def wake(self, model: str, instance_id: str) -> None:
+        if instance_id == self._instance.instance_id:
+            self.wake_local(model)
+        else:
+            self._instance.outbox.send(instance_id, BusWake(model=model), give_up_in=WAKE_GIVE_UP_S)
+
+    def queued(self) -> dict[str, int]:
+        """This instance's waiting requests per model."""
+        return {model: len(waiters) for model, waiters in sorted(self._waiters.items())}
+
+    # -- giving back ------------------------------------------------------------------------
+
+    async def release(self, effect: ReleaseLease) -> None:
+        coordination = self._instance.coordination
+        give_up_at = self._clock() + RELEASE_GIVE_UP_S
+        delay = 0.1
+        while True:
+            try:
+                heads = await coordination.release(
+                    request_id=effect.task_id,
+                    key_id=effect.key_id,
+                    model=effect.model,
+                    lease=effect.lease,
+                    wake_models=effect.wake_models,
+                    rules=self.rules,
+                )
+                break
+            except CoordinationUnavailable as exc:
+                if self._clock() + delay >= give_up_at:
+                    log.warning("task %s: could not release its lease: %s", effect.task_id, exc)
+                    return
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        for model, instance_id in heads:
+            self.wake(model, instance_id)
+
+    async def renew(self) -> None:
+        """Keep this instance's leases alive while their tasks run."""
+        ttl = self.rules.lease_ttl_s
+        while True:
+            await trio.sleep(ttl / 3)
+            leases = self._instance.machine.requester.leases()
+            if not leases:
+                continue
+            try:
+                held = await self._instance.coordination.renew_leases(leases, ttl)
+            except CoordinationUnavailable as exc:
+                log.warning("could not renew %d capacity lease(s): %s", len(leases), exc)
+                continue
+            lost = [lease for lease, ok in zip(leases, held, strict=True) if not ok]
+            if lost:
+                self.lost_leases += len(lost)
+                log.warning("%d capacity lease(s) had expired before renewal", len(lost))
