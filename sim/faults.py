@@ -24,6 +24,13 @@ from coordinator.coordination import (
     Subscription,
 )
 from coordinator.coordination.bus import Bus
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseUsage,
+    NodeFacts,
+)
 from coordinator.coordination.memory_bus import MemoryBus
 
 
@@ -167,6 +174,50 @@ class FaultyCoordination(Coordination):
     async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
         await self.passage()
         return await self.inner.rate_limit(key, limit=limit, period_s=period_s)
+
+    async def put_node_facts(self, facts: NodeFacts) -> None:
+        await self.passage()
+        await self.inner.put_node_facts(facts)
+
+    async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
+        await self.passage()
+        await self.inner.drop_node_facts(node_id, conn_id)
+
+    async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
+        await self.passage()
+        return await self.inner.admit(ask, rules)
+
+    async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:
+        await self.passage()
+        return await self.inner.renew_leases(leases, ttl_s)
+
+    async def release(
+        self,
+        *,
+        request_id: str,
+        key_id: str,
+        model: str,
+        lease: tuple[str, str] | None,
+        wake_models: Sequence[str],
+        rules: AdmissionRules,
+    ) -> list[tuple[str, str]]:
+        await self.passage()
+        return await self.inner.release(
+            request_id=request_id,
+            key_id=key_id,
+            model=model,
+            lease=lease,
+            wake_models=wake_models,
+            rules=rules,
+        )
+
+    async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
+        await self.passage()
+        return await self.inner.lease_usage(node_ids)
+
+    async def queue_depths(self, models: Sequence[str], rules: AdmissionRules) -> dict[str, int]:
+        await self.passage()
+        return await self.inner.queue_depths(models, rules)
 
     async def presence_beat(
         self,

@@ -20,21 +20,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 
-from coordinator.coordination import CoordinationUnavailable
+from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk
 from coordinator.core import registry
 from coordinator.core.effects import Effect, ReleaseLease, Reserve
+from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.placement import NodeView
 from coordinator.core.requester import no_node_serves
 from coordinator.errors import AllNodesBusy, CoordinationDown, GemmaNetError, TooManyActive
+from coordinator.runtime.bus_outbox import BusOutbox
+from coordinator.settings import Settings
 from protocol import BusWake
-
-if TYPE_CHECKING:
-    from coordinator.runtime.instance import Instance
 
 log = logging.getLogger("gemmanet.admission")
 
@@ -74,10 +73,20 @@ class _Waiter:
 
 
 class Admissions:
-    def __init__(self, instance: Instance) -> None:
-        self._instance = instance
-        settings = instance.settings
+    def __init__(
+        self,
+        settings: Settings,
+        coordination: Coordination,
+        machine: InstanceMachine,
+        outbox: BusOutbox,
+        clock: Callable[[], float],
+    ) -> None:
+        self.me = settings.instance_id
         self._settings = settings
+        self._coordination = coordination
+        self._machine = machine
+        self._outbox = outbox
+        self._clock = clock
         self.rules = admission_rules(
             residency_stale_s=settings.residency_stale_s,
             lease_ttl_s=settings.lease_ttl_s,
@@ -88,16 +97,11 @@ class Admissions:
         self._waiters: dict[str, list[_Waiter]] = {}
         self.lost_leases = 0
 
-    @property
-    def _clock(self) -> Callable[[], float]:
-        return self._instance.clock
-
     # -- taking a lease ---------------------------------------------------------------------
 
     async def reserve(self, effect: Reserve) -> list[Effect]:
         """Take a lease for the task, waiting for room; the machine's effects that follow."""
-        machine = self._instance.machine
-        requester = machine.requester
+        requester = self._machine.requester
         model = requester.model_of(effect.task_id)
         if model is None:
             return []
@@ -138,11 +142,11 @@ class Admissions:
     async def _admit(
         self, effect: Reserve, model: str, candidates: list[NodeView]
     ) -> Admission | GemmaNetError:
-        requester = self._instance.machine.requester
+        requester = self._machine.requester
         cost = self._settings.capacity.cost(model)
         ask = LeaseAsk(
             request_id=effect.task_id,
-            instance_id=self._instance.instance_id,
+            instance_id=self.me,
             key_id=requester.key_of(effect.task_id),
             model=model,
             model_gb=cost.resident_gb,
@@ -152,7 +156,7 @@ class Admissions:
             queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
         )
         try:
-            return await self._instance.coordination.admit(ask, self.rules)
+            return await self._coordination.admit(ask, self.rules)
         except CoordinationUnavailable as exc:
             log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
             return CoordinationDown(
@@ -170,14 +174,12 @@ class Admissions:
             for v in candidates
             if v.node_id == admission.node_id and v.conn_id == admission.conn_id
         )
-        return self._instance.machine.reserved(
+        return self._machine.reserved(
             effect.task_id, effect.attempt, view, admission.lease_id, self._clock()
         )
 
     def _failed(self, effect: Reserve, error: GemmaNetError) -> list[Effect]:
-        return self._instance.machine.reserve_failed(
-            effect.task_id, effect.attempt, error, self._clock()
-        )
+        return self._machine.reserve_failed(effect.task_id, effect.attempt, error, self._clock())
 
     def _refusal(self, model: str, admission: Admission) -> GemmaNetError:
         if admission.outcome == "key_limit":
@@ -232,10 +234,10 @@ class Admissions:
             waiters[0].woken.set()
 
     def wake(self, model: str, instance_id: str) -> None:
-        if instance_id == self._instance.instance_id:
+        if instance_id == self.me:
             self.wake_local(model)
         else:
-            self._instance.outbox.send(instance_id, BusWake(model=model), give_up_in=WAKE_GIVE_UP_S)
+            self._outbox.send(instance_id, BusWake(model=model), give_up_in=WAKE_GIVE_UP_S)
 
     def queued(self) -> dict[str, int]:
         """This instance's waiting requests per model."""
@@ -244,7 +246,7 @@ class Admissions:
     # -- giving back ------------------------------------------------------------------------
 
     async def release(self, effect: ReleaseLease) -> None:
-        coordination = self._instance.coordination
+        coordination = self._coordination
         give_up_at = self._clock() + RELEASE_GIVE_UP_S
         delay = 0.1
         while True:
@@ -272,11 +274,11 @@ class Admissions:
         ttl = self.rules.lease_ttl_s
         while True:
             await trio.sleep(ttl / 3)
-            leases = self._instance.machine.requester.leases()
+            leases = self._machine.requester.leases()
             if not leases:
                 continue
             try:
-                held = await self._instance.coordination.renew_leases(leases, ttl)
+                held = await self._coordination.renew_leases(leases, ttl)
             except CoordinationUnavailable as exc:
                 log.warning("could not renew %d capacity lease(s): %s", len(leases), exc)
                 continue

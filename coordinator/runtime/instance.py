@@ -122,8 +122,10 @@ class Instance:
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
         self.ownership = Ownership(coordination, self.instance_id, ttl_s=settings.owner_ttl_s)
-        self.admissions = Admissions(self)
-        self.node_facts = NodeFactsWriter(self)
+        self.admissions = Admissions(settings, coordination, self.machine, self.outbox, clock)
+        self.node_facts = NodeFactsWriter(
+            self.instance_id, settings.capacity, coordination, self.machine.owner.nodes
+        )
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None

@@ -11,17 +11,14 @@ and every node's facts are rewritten every ``REFRESH_S`` so that a store that lo
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
-from coordinator.coordination import CoordinationUnavailable
+from coordinator.capacity import Capacity
+from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.leases import NodeFacts
 from coordinator.core.effects import NodeFactsChanged
-from coordinator.core.node_table import NodeConnection
-
-if TYPE_CHECKING:
-    from coordinator.runtime.instance import Instance
+from coordinator.core.node_table import NodeConnection, NodeTable
 
 log = logging.getLogger("gemmanet.node_facts")
 
@@ -30,18 +27,23 @@ RETRY_S = 0.5
 
 
 class NodeFactsWriter:
-    def __init__(self, instance: Instance) -> None:
-        self._instance = instance
+    def __init__(
+        self, instance_id: str, capacity: Capacity, coordination: Coordination, nodes: NodeTable
+    ) -> None:
+        self.me = instance_id
+        self._capacity = capacity
+        self._coordination = coordination
+        self._nodes = nodes
         # node id -> connection whose state to write (None: drop the facts of that connection)
         self._dirty: dict[str, tuple[str, bool]] = {}
         self._changed = trio.Event()
 
     def facts_of(self, conn: NodeConnection) -> NodeFacts:
-        capacity = self._instance.settings.capacity
+        capacity = self._capacity
         return NodeFacts(
             node_id=conn.node_id,
             conn_id=conn.conn_id,
-            instance_id=self._instance.instance_id,
+            instance_id=self.me,
             max_parallel=conn.max_parallel,
             memory_gb=conn.vram_gb,
             resident={m: capacity.cost(m).resident_gb for m in sorted(conn.resident)},
@@ -49,10 +51,10 @@ class NodeFactsWriter:
 
     async def write_now(self, conn: NodeConnection) -> None:
         """Before a connection takes tasks. Raises CoordinationUnavailable."""
-        await self._instance.coordination.put_node_facts(self.facts_of(conn))
+        await self._coordination.put_node_facts(self.facts_of(conn))
 
     def changed(self, effect: NodeFactsChanged) -> None:
-        current = self._instance.nodes.by_node(effect.node_id)
+        current = self._nodes.by_node(effect.node_id)
         if effect.gone and current is not None and current.conn_id != effect.conn_id:
             return  # an older connection of a node reconnected here: the facts are the new one's
         self._dirty[effect.node_id] = (effect.conn_id, effect.gone)
@@ -63,17 +65,17 @@ class NodeFactsWriter:
             with trio.move_on_after(REFRESH_S) as waiting:
                 await self._changed.wait()
             if waiting.cancelled_caught:
-                for conn in self._instance.nodes.connections():
+                for conn in self._nodes.connections():
                     self._dirty.setdefault(conn.node_id, (conn.conn_id, False))
             self._changed = trio.Event()
             await self._flush()
 
     async def _flush(self) -> None:
-        coordination = self._instance.coordination
+        coordination = self._coordination
         while self._dirty:
             node_id, (conn_id, gone) = next(iter(self._dirty.items()))
             del self._dirty[node_id]
-            conn = self._instance.nodes.by_conn(conn_id)
+            conn = self._nodes.by_conn(conn_id)
             try:
                 if gone or conn is None:
                     await coordination.drop_node_facts(node_id, conn_id)

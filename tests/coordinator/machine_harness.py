@@ -2,7 +2,9 @@
 protocol without trio, Redis or sockets: the test plays the bus, the nodes and the clock.
 
 Bus envelopes between instances wait in ``in_flight`` until ``deliver`` (FIFO per sender and
-receiver, like the outbox's ordered lanes) and can be dropped with their instance."""
+receiver, like the outbox's ordered lanes) and can be dropped with their instance. The shared
+store's capacity leases are the memory backend's synchronous tables (``LeaseTables``): a
+``Reserve`` is answered at once, or waits in ``waiting`` until a release or wake retries it."""
 
 from __future__ import annotations
 
@@ -10,19 +12,26 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from coordinator.coordination.leases import AdmissionRules, LeaseAsk, NodeFacts
+from coordinator.coordination.memory_leases import LeaseTables
 from coordinator.core.effects import (
     CloseNode,
     Deliver,
     Dispatch,
     Effect,
+    NodeFactsChanged,
     NodesChanged,
     Publish,
+    ReleaseLease,
     ReleaseOwnership,
+    Reserve,
     SendToNode,
     TaskEvent,
+    WakeQueue,
 )
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection
+from coordinator.errors import AllNodesBusy
 from protocol import Assign, BusEnvelope, Cancel, Chunk
 
 
@@ -38,6 +47,9 @@ class Node:
     closed_with: int | None = None
 
 
+QUEUE_TIMEOUT_S = 30.0
+
+
 class MachineCluster:
     def __init__(self, *instances: str, seed: int = 0) -> None:
         self.now = 0.0
@@ -50,6 +62,20 @@ class MachineCluster:
         self.events: dict[str, list[TaskEvent]] = {}  # what each request saw, in order
         self.in_flight: deque[tuple[str, str, BusEnvelope]] = deque()  # (from, to, envelope)
         self.unreached_publishes: list[tuple[str, BusEnvelope]] = []
+        # Instances whose presence beats the store has stopped trusting. A killed instance
+        # stays trusted until a test says otherwise, as in the store, where its facts outlive
+        # it by ``residency_stale_s`` (longer than peers take to judge it dead).
+        self.stale: set[str] = set()
+        self.leases = LeaseTables(lambda _registry, member, _w, _now: member not in self.stale)
+        self.rules = AdmissionRules(
+            presence_registry="r",
+            facts_stale_s=15,
+            requester_stale_s=10,
+            lease_ttl_s=30,
+            queue_max=100,
+        )
+        # Reserves waiting for capacity (or for fresh views), with their queue deadline.
+        self.waiting: list[tuple[str, Reserve, float]] = []
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -118,8 +144,78 @@ class MachineCluster:
                 else:
                     self.in_flight.append((source, effect.target, effect.envelope))
                     self.apply(source, machine.dispatched(task_id, effect.placement, self.now))
+            elif isinstance(effect, Reserve):
+                self.reserve(source, effect)
+            elif isinstance(effect, ReleaseLease):
+                self.leases.release(
+                    request_id=effect.task_id,
+                    key_id=effect.key_id,
+                    model=effect.model,
+                    lease=effect.lease,
+                    wake_models=effect.wake_models,
+                    rules=self.rules,
+                    now=self.now,
+                )
+                self.retry_waiting()
+            elif isinstance(effect, NodeFactsChanged):
+                self.put_facts(source, effect)
+            elif isinstance(effect, WakeQueue):
+                self.retry_waiting()
             else:
                 assert isinstance(effect, NodesChanged | ReleaseOwnership), effect
+
+    def put_facts(self, source: str, effect: NodeFactsChanged) -> None:
+        conn = self.machines[source].owner.nodes.by_conn(effect.conn_id)
+        if effect.gone or conn is None:
+            self.leases.drop_facts(effect.node_id, effect.conn_id)
+            return
+        facts = NodeFacts(conn.node_id, conn.conn_id, source, conn.max_parallel)
+        self.leases.put_facts(facts)
+
+    def reserve(self, source: str, effect: Reserve, until: float | None = None) -> None:
+        """What ``runtime/admission.py`` does, in one synchronous step."""
+        self.apply(source, self.granted(source, effect, until))
+
+    def granted(self, source: str, effect: Reserve, until: float | None = None) -> list[Effect]:
+        """The machine's effects once the lease is granted ([] when it has to wait)."""
+        machine = self.machines[source]
+        candidates = machine.requester.candidates(effect.task_id, effect.attempt)
+        if candidates is None:
+            return []
+        ask = LeaseAsk(
+            request_id=effect.task_id,
+            instance_id=source,
+            key_id="",
+            model=machine.requester.model_of(effect.task_id) or "",
+            model_gb=0,
+            kv_gb=0,
+            candidates=tuple((v.node_id, v.conn_id) for v in candidates),
+            lease_id=f"{effect.task_id}.{effect.attempt}",
+            queue_entry_ttl_s=60,
+        )
+        admission = self.leases.admit(ask, self.rules, self.now)
+        if admission.outcome == "granted":
+            (view,) = [v for v in candidates if v.conn_id == admission.conn_id]
+            return machine.reserved(effect.task_id, effect.attempt, view, ask.lease_id, self.now)
+        assert admission.outcome in ("queued", "refused"), admission
+        if not candidates:
+            return machine.reserve_failed(
+                effect.task_id, effect.attempt, AllNodesBusy("no node serves it"), self.now
+            )
+        if admission.outcome == "queued":
+            machine.requester.waiting(effect.task_id)
+        until = self.now + QUEUE_TIMEOUT_S if until is None else until
+        if self.now >= until:
+            error = AllNodesBusy("no room in time")
+            return machine.reserve_failed(effect.task_id, effect.attempt, error, self.now)
+        self.waiting.append((source, effect, until))
+        return []
+
+    def retry_waiting(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for source, effect, until in waiting:
+            if source not in self.dead:
+                self.reserve(source, effect, until)
 
     def deliver(self, limit: int | None = None) -> int:
         """Deliver bus envelopes in order (all of them by default)."""
@@ -170,6 +266,7 @@ class MachineCluster:
 
     def tick(self, seconds: float, *, silence_deadline_s: float | None = None) -> None:
         self.now += seconds
+        self.retry_waiting()
         for name, machine in self.machines.items():
             if name not in self.dead:
                 self.apply(name, machine.tick(self.now, silence_deadline_s=silence_deadline_s))

@@ -202,6 +202,7 @@ def test_a_restarted_owner_is_a_dead_owner_for_tasks_placed_on_its_previous_life
     on_a = replace(view("n1"), instance_id="A", incarnation="life-1")
     requester = Requester("B", views=lambda: [on_a], rng=None)
     requester.submit(Assign(task_id="t1", model="m", prompt="p"), deadline=100.0)
+    requester.reserved("t1", 1, on_a, "lease-1")
     requester.dispatched("t1", 1)
     requester.accepted(BusAccepted(task_id="t1", conn_id="c-n1"))
     # the same life, a peer this task does not depend on, an unknown life: nothing ends

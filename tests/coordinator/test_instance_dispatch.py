@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from coordinator.coordination.bus import PubSubBus
+from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.memory import MemoryCoordination
 from coordinator.core import registry
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
@@ -68,6 +69,11 @@ async def announce_peer(coordination: MemoryCoordination, instance_id: str, node
         stall_after_s=1.0,
         forget_after_s=60,
     )
+    # What the peer writes for capacity leases when its node connects.
+    facts = NodeFacts(
+        node_id=node_id, conn_id=f"c-{node_id}", instance_id=instance_id, max_parallel=4
+    )
+    await coordination.put_node_facts(facts)
 
 
 async def start_instance(
@@ -90,7 +96,7 @@ async def test_task_failed_during_an_unreached_dispatch_is_placed_again(autojump
         async with trio.open_nursery() as nursery:
             instance, bus = await start_instance(nursery, {"B": "n1", "C": "n2"})
             assert sorted(v.node_id for v in instance.machine.views()) == ["n1", "n2"]
-            # The rng tie-break picks B's node first for this seed; the retry goes to C.
+            instance.machine.set_ratings({"n1": (5.0, 10)})  # B's node first; the retry: C
             handle = await instance.start_task(
                 key_id="k", model="m", prompt="p", stream=False, timeout_s=10
             )

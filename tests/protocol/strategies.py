@@ -21,6 +21,7 @@ from protocol import (
     BusNodeGone,
     BusReplace,
     BusResult,
+    BusWake,
     Cancel,
     Chunk,
     Error,
@@ -60,7 +61,9 @@ welcomes = st.builds(
     conn_id=identifiers,
     heartbeat_interval_s=st.floats(min_value=0, max_value=3600, exclude_min=True),
 )
-heartbeats = st.builds(Heartbeat, in_flight=counts)
+heartbeats = st.builds(
+    Heartbeat, in_flight=counts, resident=st.none() | st.lists(model_names, max_size=4)
+)
 assigns = st.builds(
     Assign,
     task_id=identifiers,
@@ -103,6 +106,7 @@ bus_envelopes = st.one_of(
     ),
     st.builds(BusReplace, node_id=identifiers, conn_id=identifiers, new_instance=identifiers),
     st.builds(BusCancel, task_id=identifiers, reason=texts),
+    st.builds(BusWake, model=model_names),
 )
 
 # --- hostile input -----------------------------------------------------------------------------
@@ -129,6 +133,7 @@ json_values: st.SearchStrategy[Any] = st.recursive(
 _TAGS = [
     "hello", "welcome", "heartbeat", "assign", "chunk", "result", "error", "cancel",
     "bus.assign", "bus.chunk", "bus.result", "bus.node_gone", "bus.replace", "bus.cancel",
+    "bus.wake",
 ]  # fmt: skip
 _FIELDS = [
     "node_id", "token", "models", "max_parallel", "vram_gb", "agent_version", "instance_id",

@@ -81,6 +81,7 @@ def test_encoded_envelopes_carry_type_and_version() -> None:
         "type": "heartbeat",
         "v": PROTOCOL_VERSION,
         "in_flight": 2,
+        "resident": None,  # a node that does not say which models it has loaded
     }
 
 
