@@ -221,6 +221,9 @@ class GateBackend:
             self.cancelled.append(prompt)
             raise
 
+    async def resident(self, models: tuple[str, ...]) -> list[str] | None:
+        return None
+
     async def aclose(self) -> None:
         pass
 
@@ -234,6 +237,9 @@ class BrokenBackend:
             raise RuntimeError("unexpected thing")
         raise BackendError("ollama: HTTP 500: out of memory")
 
+    async def resident(self, models: tuple[str, ...]) -> list[str] | None:
+        return None
+
     async def aclose(self) -> None:
         pass
 
@@ -246,6 +252,9 @@ class FloodBackend:
     async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
         yield "x" * 600_000
         yield "y" * 600_000
+
+    async def resident(self, models: tuple[str, ...]) -> list[str] | None:
+        return None
 
     async def aclose(self) -> None:
         pass

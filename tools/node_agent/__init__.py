@@ -7,6 +7,7 @@ tasks it is assigned against a model backend (echo, Ollama, OpenAI-compatible).
 * ``agent`` - :class:`NodeAgent`: the connection, reconnect, heartbeat and drain logic.
 * ``backends`` - the model backends behind ``generate(model, prompt, stream)``.
 * ``settings`` - flag parsing and validation (:class:`NodeSettings`).
+* ``stats`` - what the node saw, counted at the node (``GEMMANET_NODE_STATS_FILE``).
 """
 
 from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent, backoff_delay

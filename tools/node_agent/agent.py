@@ -53,6 +53,7 @@ from protocol import (
     text_bytes,
 )
 from tools.node_agent.backends import Backend, BackendError
+from tools.node_agent.stats import NodeStats
 
 __all__ = [
     "AGENT_VERSION",
@@ -158,6 +159,7 @@ class NodeAgent:
         # Observable counters (logs, tests).
         self.attempts = 0
         self.welcomes = 0
+        self._stats = NodeStats()
 
     # --- control ---------------------------------------------------------------------------
 
@@ -332,7 +334,10 @@ class NodeAgent:
     async def _heartbeats(self, outbox: trio.MemorySendChannel[_Outbound], interval: float) -> None:
         while True:
             await trio.sleep(interval)
-            await outbox.send(Heartbeat(in_flight=len(self._running)))
+            resident = None
+            with trio.move_on_after(interval / 2):
+                resident = await self.backend.resident(self.config.models)
+            await outbox.send(Heartbeat(in_flight=len(self._running), resident=resident))
 
     async def _receive_loop(
         self,
@@ -382,6 +387,7 @@ class NodeAgent:
         nursery: trio.Nursery,
     ) -> None:
         task_id = assign.task_id
+        self._stats.asked(task_id in self._running, len(self._running), assign.prompt)
         refusal: tuple[str, str] | None = None
         if self._drain_requested.is_set():
             refusal = (TaskErrorCode.NODE_DRAINING, f"node {self.config.node_id} is shutting down")

@@ -53,6 +53,11 @@ class Backend(Protocol):
 
     def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]: ...
 
+    async def resident(self, models: tuple[str, ...]) -> list[str] | None:
+        """Which of ``models`` are loaded in memory now (None: cannot tell). Sent in every
+        heartbeat; the coordinator charges their size against the node's memory budget."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -95,6 +100,9 @@ class EchoBackend:
                 await trio.sleep(self.chunk_delay_s)
             yield piece
 
+    async def resident(self, models: tuple[str, ...]) -> list[str] | None:
+        return list(models)  # the echo "model" is always loaded
+
     async def aclose(self) -> None:
         return None
 
@@ -121,6 +129,9 @@ class _HttpBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def resident(self, models: tuple[str, ...]) -> list[str] | None:
+        return None
 
     def _describe(self, exc: httpx.HTTPError) -> str:
         if isinstance(exc, httpx.ConnectError):
@@ -153,6 +164,16 @@ class OllamaBackend(_HttpBackend):
 
     def __init__(self, base_url: str = DEFAULT_OLLAMA_URL, **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
+
+    async def resident(self, models: tuple[str, ...]) -> list[str] | None:
+        """``GET /api/ps``: the models Ollama holds in memory now."""
+        try:
+            response = await self._client.get(f"{self.base_url}/api/ps", timeout=2.0)
+            response.raise_for_status()
+            loaded = {m.get("name") for m in response.json().get("models", [])}
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return [m for m in models if m in loaded]
 
     async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
         # Always stream from the server, even for a non-streaming task: the agent joins the
