@@ -4,6 +4,7 @@ app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
 server.py         ``gemmanet serve``: the app on Hypercorn's trio worker, start-up refusals
 cli.py            the ``gemmanet`` command line
 settings.py       GEMMANET_* environment settings
+capacity.py       the operator file: per-node budgets and the model catalog
 errors.py         the error hierarchy; each error knows its HTTP status / close code
 api/              HTTP routes, request and response schemas, JSON errors, /openapi.json
 core/             pure decisions: the cluster machine, placement, task tracking, node table,

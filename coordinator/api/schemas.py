@@ -70,6 +70,10 @@ class Diagnostics(_Response):
     forwarded_in_flight: int
     liveness_lost: int
     bus_losses: int
+    # Requests of this instance waiting in the admission queue, per model; capacity leases
+    # that had expired when this instance came to renew them.
+    local_queued: dict[str, int]
+    lost_leases: int
 
 
 class StatusResponse(_Response):
@@ -78,6 +82,9 @@ class StatusResponse(_Response):
     in_flight: int
     version: str
     instance_id: str
+    # Requests waiting for capacity in the shared admission queue, per model served now
+    # (all instances; None when the coordination store cannot be read).
+    queued: dict[str, int] | None
     diagnostics: Diagnostics
 
 
@@ -93,6 +100,11 @@ class NodeInfo(_Response):
     ratings: int
     agent_version: str
     connected_at: float | None
+    # From the capacity leases in the shared store (None when it cannot be read): leases held
+    # now (requests running or about to run on the node, from any instance) and the memory
+    # they and the resident models use against ``vram_gb``, in GB.
+    leases: int | None
+    memory_in_use_gb: float | None
 
 
 class NodesResponse(_Response):

@@ -7,7 +7,13 @@ from coordinator.core import registry
 from coordinator.core.instance_machine import InstanceMachine
 
 
-def status(machine: InstanceMachine, diagnostics: dict[str, object]) -> dict[str, object]:
+def served_models(machine: InstanceMachine) -> list[str]:
+    return sorted({m for view in machine.views() for m in view.models})
+
+
+def status(
+    machine: InstanceMachine, diagnostics: dict[str, object], queued: dict[str, int] | None
+) -> dict[str, object]:
     mine = {c.node_id for c in machine.owner.nodes.connections()}
     peers = machine.peers()
     return {
@@ -15,12 +21,18 @@ def status(machine: InstanceMachine, diagnostics: dict[str, object]) -> dict[str
         "instances": 1 + len(peers),
         "in_flight": len(machine.requester) + sum(p.in_flight for p in peers),
         "instance_id": machine.me,
+        "queued": queued,
         "diagnostics": diagnostics,
     }
 
 
 def diagnostics(
-    machine: InstanceMachine, *, liveness_lost: int, bus_losses: int
+    machine: InstanceMachine,
+    *,
+    liveness_lost: int,
+    bus_losses: int,
+    local_queued: dict[str, int],
+    lost_leases: int,
 ) -> dict[str, object]:
     """Counters of this instance only: what was refused or lost, for operators and tests."""
     return {
@@ -30,12 +42,17 @@ def diagnostics(
         "forwarded_in_flight": machine.owner.forwarding.remote_count(machine.me),
         "liveness_lost": liveness_lost,
         "bus_losses": bus_losses,
+        "local_queued": local_queued,
+        "lost_leases": lost_leases,
     }
 
 
-def node_infos(machine: InstanceMachine) -> list[dict[str, object]]:
+def node_infos(
+    machine: InstanceMachine, usage: dict[str, tuple[int, float]] | None
+) -> list[dict[str, object]]:
     """Every online node, here or on a live peer, by node id (one entry per identity: the
-    local connection wins while an identity moves between instances)."""
+    local connection wins while an identity moves between instances), with its lease usage
+    (``usage``: node id -> (leases, memory in use in GB); None: the store could not be read)."""
     infos: dict[str, dict[str, object]] = {}
     for conn in machine.owner.nodes.connections():
         infos[conn.node_id] = {
@@ -66,4 +83,6 @@ def node_infos(machine: InstanceMachine) -> list[dict[str, object]]:
     for node_id, info in infos.items():
         mean, count = machine.ratings.get(node_id, (None, 0))
         info["rating"], info["ratings"] = mean, count
+        leases, memory = (None, None) if usage is None else usage.get(node_id, (0, 0.0))
+        info["leases"], info["memory_in_use_gb"] = leases, memory
     return [infos[k] for k in sorted(infos)]

@@ -12,4 +12,6 @@ task_handle.py           what a request handler holds while its task runs
 task_recorder.py         task records written in batches, off the request path
 single_instance_lock.py  who may start: the lock, the mode check, one live process per id
 rate_limit.py            the per-API-key rate limit, exact across instances
+admission.py             capacity leases and the shared admission queue: reserve, wait, release
+node_facts.py            our nodes' facts in the shared store (what leases are checked against)
 """

@@ -445,13 +445,30 @@ class Instance:
     # -- status -----------------------------------------------------------------------------
 
     async def cluster_status(self) -> dict[str, object]:
-        return cluster_view.status(self.machine, self.diagnostics())
+        queued: dict[str, int] | None = None
+        try:
+            models = cluster_view.served_models(self.machine)
+            queued = await self.coordination.queue_depths(models, self.admissions.rules)
+        except CoordinationUnavailable as exc:
+            log.warning("status: cannot read the admission queues: %s", exc)
+        return cluster_view.status(self.machine, self.diagnostics(), queued)
 
     def diagnostics(self) -> dict[str, object]:
         """Counters of this instance only: what was refused or lost, for operators and tests."""
         return cluster_view.diagnostics(
-            self.machine, liveness_lost=self.membership.liveness_lost, bus_losses=self.bus_losses
+            self.machine,
+            liveness_lost=self.membership.liveness_lost,
+            bus_losses=self.bus_losses,
+            local_queued=self.admissions.queued(),
+            lost_leases=self.admissions.lost_leases,
         )
 
     async def cluster_nodes(self) -> list[dict[str, object]]:
-        return cluster_view.node_infos(self.machine)
+        usage = None
+        try:
+            node_ids = sorted({v.node_id for v in self.machine.views()})
+            found = await self.coordination.lease_usage(node_ids)
+            usage = {n: (u.leases, u.memory_gb) for n, u in found.items()}
+        except CoordinationUnavailable as exc:
+            log.warning("nodes: cannot read the capacity leases: %s", exc)
+        return cluster_view.node_infos(self.machine, usage)
