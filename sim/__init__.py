@@ -7,6 +7,7 @@ process on virtual time (trio's MockClock), every choice drawn from one seed.
     trace.py       the event trace, its digest, trace files for replay
     actors.py      simulated nodes and the in-memory sockets they speak over
     stand_ins.py   the durable store stand-in (no threads, so no wall-clock nondeterminism)
+    lease_observer.py  trace events of capacity leases and the admission queue
     mutations.py   deliberately broken variants, to show the simulator catches real bugs
     cli.py         gemmanet sim run / replay / sweep
     bench.py       simulator speed (python -m sim.bench)

@@ -112,6 +112,8 @@ class SimNode:
     connect: Callable[[SocketPair, str | None], str | None]
     forger: bool = False
     home: str | None = None
+    #: GPU memory budget sent in the hello (None: the node does not say)
+    vram_gb: float | None = None
     slow_until: float = 0.0
     tasks: dict[str, trio.CancelScope] = field(default_factory=dict)
     current: SocketPair | None = None
@@ -162,6 +164,7 @@ class SimNode:
                     token=self.token,
                     models=self.models,
                     max_parallel=self.max_parallel,
+                    vram_gb=self.vram_gb,
                 )
             ).decode()
         )
@@ -172,11 +175,17 @@ class SimNode:
             while True:
                 envelope = decode_node(await pair.node_receive())
                 if isinstance(envelope, Assign):
-                    self.trace.emit(
-                        "node.assign", node=self.node_id, instance=instance, task=envelope.task_id
-                    )
                     scope = trio.CancelScope()
                     self.tasks[envelope.task_id] = scope
+                    # Counted here, at the node: what it is asked to run at once.
+                    self.trace.emit(
+                        "node.assign",
+                        node=self.node_id,
+                        instance=instance,
+                        task=envelope.task_id,
+                        running=len(self.tasks),
+                        max_parallel=self.max_parallel,
+                    )
                     nursery.start_soon(self._work, pair, envelope, scope)
                     if self.forger:
                         nursery.start_soon(self._forge, envelope)

@@ -13,6 +13,7 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 
@@ -115,11 +116,27 @@ class _FaultySubscription(Subscription):
         return payload
 
 
+class AdmissionObserver(Protocol):
+    """Sees every admission decision and every request leaving, for the invariants."""
+
+    def admitted(self, ask: LeaseAsk, admission: Admission) -> None: ...
+
+    def left(self, request_id: str) -> None: ...
+
+
 class FaultyCoordination(Coordination):
     kind = "memory+faults"
 
-    def __init__(self, inner: Coordination, gate: Gate, store: StoreState) -> None:
+    def __init__(
+        self,
+        inner: Coordination,
+        gate: Gate,
+        store: StoreState,
+        *,
+        observer: AdmissionObserver | None = None,
+    ) -> None:
         self.inner, self.gate, self.store = inner, gate, store
+        self.observer = observer
 
     async def passage(self) -> None:
         """What every call of this instance meets first: its freeze, then a store outage."""
@@ -185,7 +202,10 @@ class FaultyCoordination(Coordination):
 
     async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
         await self.passage()
-        return await self.inner.admit(ask, rules)
+        admission = await self.inner.admit(ask, rules)
+        if self.observer is not None:
+            self.observer.admitted(ask, admission)
+        return admission
 
     async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:
         await self.passage()
@@ -201,6 +221,8 @@ class FaultyCoordination(Coordination):
         wake_models: Sequence[str],
         rules: AdmissionRules,
     ) -> list[tuple[str, str]]:
+        if self.observer is not None and model:
+            self.observer.left(request_id)  # the request is over, whether this call succeeds
         await self.passage()
         return await self.inner.release(
             request_id=request_id,

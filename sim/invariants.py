@@ -166,12 +166,88 @@ class SharedRateLimitHolds(Invariant):
             self.fail(f"key {key}: {len(window)} allowed within {period} s (limit {limit})", t)
 
 
+class NoNodeOverBudget(Invariant):
+    """No node runs more tasks than its max parallel (counted at the node), and the shared
+    store never grants a lease past a node's parallel or memory budget."""
+
+    name = "no-node-over-budget"
+
+    def observe(self, event: Event) -> None:
+        kind, t = event["kind"], event["t"]
+        if kind == "node.assign" and event["running"] > event["max_parallel"]:
+            self.fail(
+                f"node {event['node']} was asked to run {event['running']} tasks at once "
+                f"(max parallel {event['max_parallel']})",
+                t,
+            )
+        elif kind == "lease.granted":
+            limit, budget = event["max_parallel"], event["vram_gb"]
+            if limit is not None and event["held"] > limit:
+                self.fail(
+                    f"node {event['node']} holds {event['held']} leases (max parallel {limit})", t
+                )
+            if budget is not None and event["memory_gb"] > budget + 1e-9:
+                self.fail(
+                    f"node {event['node']} has {event['memory_gb']:g} GB leased "
+                    f"(budget {budget:g} GB)",
+                    t,
+                )
+
+
+class QueueOrderKept(Invariant):
+    """First come, first served per model: a request is never granted a lease while one
+    queued before it for the same model still waits — unless that one's instance was frozen
+    or crashed meanwhile (its entry is dropped when its instance stops beating)."""
+
+    name = "queue-order"
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, dict[str, str]] = {}  # model -> task -> instance, in order
+        self.exempt: set[str] = set()
+        self.down: dict[str, float] = {}  # instance -> down until (inf: crashed)
+
+    def observe(self, event: Event) -> None:
+        kind, t = event["kind"], event["t"]
+        if kind == "fault" and event["fault"] in ("freeze", "crash_restart"):
+            until = t + event["duration"] if event["fault"] == "freeze" else float("inf")
+            self.down[event["target"]] = until
+            for queue in self.waiting.values():
+                self.exempt.update(q for q, i in queue.items() if i == event["target"])
+        elif kind == "fault" and event["fault"] == "store_outage":
+            # Releases fail while the store is down: entries linger to their expiry.
+            for queue in self.waiting.values():
+                self.exempt.update(queue)
+        elif kind == "lease.queued":
+            queue = self.waiting.setdefault(event["model"], {})
+            if event["task"] not in queue:
+                queue[event["task"]] = event["instance"]
+                if self.down.get(event["instance"], 0.0) > t:
+                    self.exempt.add(event["task"])
+        elif kind == "lease.left":
+            for queue in self.waiting.values():
+                queue.pop(event["task"], None)
+        elif kind == "lease.granted":
+            queue = self.waiting.setdefault(event["model"], {})
+            for task in queue:
+                if task == event["task"]:
+                    break
+                if task not in self.exempt:
+                    self.fail(
+                        f"{event['task']} got a lease for {event['model']} while {task}, "
+                        "queued before it, still waits",
+                        t,
+                    )
+            queue.pop(event["task"], None)
+
+
 ALL_INVARIANTS: list[type[Invariant]] = [
     EveryRequestEndsOnce,
     OwnAnswerFromAssignedNode,
     DeadOwnerTasksEndFast,
     OneLiveConnectionPerNode,
     SharedRateLimitHolds,
+    NoNodeOverBudget,
+    QueueOrderKept,
 ]
 
 

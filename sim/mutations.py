@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from unittest import mock
 
+from coordinator.coordination.memory_leases import LeaseTables
 from coordinator.core.forwarding import ForwardingTable
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.runtime.membership import Membership
@@ -49,9 +50,53 @@ def _connection_check_off() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _lease_check_off() -> Iterator[None]:
+    """The lease script forgets the parallel budget: every node looks like it has room."""
+
+    def no_limit(self: LeaseTables, node_id: str, conn_id: str, ask, rules, now):  # type: ignore[no-untyped-def]
+        node = self._nodes.get(node_id)
+        if node is not None and node.facts is not None:
+            facts = replace(node.facts, max_parallel=10**6, memory_gb=None)
+            original_facts, node.facts = node.facts, facts
+            try:
+                return original(self, node_id, conn_id, ask, rules, now)
+            finally:
+                node.facts = original_facts
+        return original(self, node_id, conn_id, ask, rules, now)
+
+    original = LeaseTables._try_reserve
+    with mock.patch.object(LeaseTables, "_try_reserve", no_limit):
+        yield
+
+
+@contextmanager
+def _queue_order_off() -> Iterator[None]:
+    """Admission lets each asking request jump to the head of its model's queue."""
+
+    def queue_jumping(self: LeaseTables, ask, rules, now):  # type: ignore[no-untyped-def]
+        queue = self._queues.setdefault(ask.model, {})
+        mine = queue.pop(ask.request_id, None)
+        others = dict(queue)
+        queue.clear()
+        if mine is not None:
+            queue[ask.request_id] = mine
+        try:
+            return original(self, ask, rules, now)
+        finally:
+            for request_id, entry in others.items():
+                queue.setdefault(request_id, entry)
+
+    original = LeaseTables.admit
+    with mock.patch.object(LeaseTables, "admit", queue_jumping):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "owner-sweeper-off": _owner_sweeper_off,
     "connection-check-off": _connection_check_off,
+    "lease-check-off": _lease_check_off,
+    "queue-order-off": _queue_order_off,
 }
 
 

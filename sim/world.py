@@ -11,6 +11,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from coordinator.capacity import Capacity, ModelCost
 from coordinator.coordination.factory import BUS_NAMES
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
 from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
@@ -22,8 +23,19 @@ from sim import mutations
 from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
 from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
 from sim.invariants import Invariant, Violation, fresh_invariants
+from sim.lease_observer import LeaseObserver
 from sim.stand_ins import SimStore
 from sim.trace import Trace
+
+#: the model catalog of every simulated instance: sizes that make the memory budgets of
+#: 8 and 12 GB nodes bind (two m2 tasks do not fit in 8 GB)
+SIM_CATALOG = Capacity(
+    models={
+        "m1": ModelCost(resident_gb=4.0, kv_gb=1.0),
+        "m2": ModelCost(resident_gb=6.0, kv_gb=1.5),
+        "m3": ModelCost(resident_gb=3.0, kv_gb=0.5),
+    }
+)
 
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta")
 
@@ -43,6 +55,7 @@ class SimConfig:
     mutation: str | None = None
     #: "pubsub" (at-most-once) or "streams" (durable inboxes, as GEMMANET_BUS=streams)
     bus: str = "pubsub"
+    queue_timeout_s: float = 5.0
 
 
 @dataclass
@@ -197,10 +210,15 @@ class World:
             rate_limit=cfg.rate_limit,
             task_timeout_s=cfg.task_timeout_s,
             heartbeat_interval_s=cfg.heartbeat_s,
+            capacity=SIM_CATALOG,
+            queue_timeout_s=cfg.queue_timeout_s,
         )
         gate = Gate()
         coordination = FaultyCoordination(
-            MemoryCoordination(trio.current_time, state=self.state), gate, self.store_state
+            MemoryCoordination(trio.current_time, state=self.state),
+            gate,
+            self.store_state,
+            observer=LeaseObserver(self.trace, self.state, self.nodes, name),
         )
         memory_bus = MemoryBus(
             hub=self.bus_hub, durable=cfg.bus == "streams", before_io=coordination.passage
@@ -255,6 +273,7 @@ class World:
             token=self.store.enroll(node_id),
             models=sorted(rng.sample(["m1", "m2", "m3"], k=rng.randint(1, 2))),
             max_parallel=rng.randint(1, 4),
+            vram_gb=rng.choice([None, 8.0, 12.0]),
             latency=(0.05, rng.uniform(0.2, 2.0)),
             rng=rng,
             trace=self.trace,

@@ -1,0 +1,41 @@
+"""Trace events about capacity leases and the admission queue, for the invariants
+``no-node-over-budget`` and ``queue-order``: what the shared store granted (with the node's
+leases and memory in use right after, read from the store itself), who was queued, who left."""
+
+from __future__ import annotations
+
+from coordinator.coordination.leases import Admission, LeaseAsk
+from coordinator.coordination.memory import MemoryState
+from sim.actors import SimNode
+from sim.trace import Trace
+
+
+class LeaseObserver:
+    def __init__(self, trace: Trace, state: MemoryState, nodes: dict[str, SimNode], name: str):
+        self.trace, self.state, self.nodes, self.instance = trace, state, nodes, name
+
+    def admitted(self, ask: LeaseAsk, admission: Admission) -> None:
+        if admission.outcome == "granted":
+            node_id = admission.node_id
+            usage = self.state.leases.usage([node_id], self.state.now())[node_id]
+            node = self.nodes.get(node_id)
+            self.trace.emit(
+                "lease.granted",
+                task=ask.request_id,
+                model=ask.model,
+                node=node_id,
+                instance=self.instance,
+                held=usage.leases,
+                memory_gb=usage.memory_gb,
+                max_parallel=node.max_parallel if node else None,
+                vram_gb=node.vram_gb if node else None,
+            )
+        elif admission.outcome == "queued":
+            self.trace.emit(
+                "lease.queued", task=ask.request_id, model=ask.model, instance=self.instance
+            )
+        elif admission.outcome == "refused":  # it lost its place in the queue
+            self.trace.emit("lease.left", task=ask.request_id)
+
+    def left(self, request_id: str) -> None:
+        self.trace.emit("lease.left", task=request_id)
