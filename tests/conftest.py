@@ -2,6 +2,8 @@
 
 pytest_plugins = [
     "tests.fixtures.redis_server",
+    "tests.fixtures.coordination_backend",
+    "tests.fixtures.trio_portal",
     "tests.fixtures.processes",
     "tests.fixtures.databases",
     "tests.fixtures.fake_servers",

@@ -10,7 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LISTED = ["coordinator", "coordinator/runtime", "coordinator/core", "sim"]
+LISTED = [
+    "coordinator",
+    "coordinator/coordination",
+    "coordinator/runtime",
+    "coordinator/core",
+    "sim",
+]
 
 
 def _docstring(package: Path) -> str:

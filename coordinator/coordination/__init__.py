@@ -2,11 +2,31 @@
 
 ``memory`` is the embedded default (single instance, tests, simulator); ``redis`` lets any
 number of instances share one Redis/Valkey. Both honour the same semantics, proven by one
-contract suite in tests/coordinator/test_coordination_contract.py.
+contract suite in tests/coordinator/test_coordination_contract.py (capacity leases and the
+admission queue: tests/coordinator/test_lease_contract.py).
 
 The instance bus likewise: one interface (bus.Bus), three implementations — ``PubSubBus`` over
 either backend's pub/sub, ``StreamsBus`` (streams_bus.py, Redis only) and the in-process
 ``MemoryBus`` (memory_bus.py) — proven by tests/coordinator/test_bus_contract.py.
+
+base.py                 the interface, its semantics and CoordinationUnavailable
+leases.py               capacity leases and the admission queue: types and semantics
+factory.py              the backend and bus named by the settings
+bus.py                  the instance bus interface and PubSubBus
+memory.py               the memory backend's async facade
+memory_state.py         its synchronous state on an injected clock
+memory_presence.py      its presence registries
+memory_leases.py        its leases and queues (the reference semantics)
+memory_bus.py           the in-process bus
+memory_bus_hub.py       the hub the in-process buses of one process share
+redis.py                the Redis backend: keys, rate limits, presence, pub/sub
+redis_leases.py         its leases and queues (a mixin of RedisCoordination)
+redis_link.py           its connections: lanes, timeouts, error mapping
+redis_errors.py         how it classifies and reports failures
+redis_scripts.py        the Lua scripts of its compound operations
+redis_lease_scripts.py  the Lua scripts of its leases and queues
+redis_subscription.py   one subscription's connection and pump
+streams_bus.py          the instance bus over Redis streams
 """
 
 from typing import TYPE_CHECKING

@@ -48,11 +48,14 @@ class _Node:
 
 def memory_in_use(resident: dict[str, float], leases: Iterable[tuple[str, float, float]]) -> float:
     """GB in use: every model resident or leased counted once, plus each lease's KV budget.
-    ``leases``: (model, model_gb, kv_gb)."""
+    ``leases``: (model, model_gb, kv_gb). A resident model counts at its resident size; a model
+    only leased counts at the largest size its leases name, so the sum does not depend on the
+    order of the leases (the Redis backend keeps them in a hash, in no particular order)."""
     sizes = dict(resident)
     kv = 0.0
     for model, model_gb, kv_gb in leases:
-        sizes.setdefault(model, model_gb)
+        if model not in resident:
+            sizes[model] = max(sizes.get(model, model_gb), model_gb)
         kv += kv_gb
     return sum(sizes.values()) + kv
 
@@ -96,7 +99,9 @@ class LeaseTables:
                 reason = self._try_reserve(node_id, conn_id, ask, rules, now)
                 if reason is None:
                     queue.pop(ask.request_id, None)
-                    head = next(iter(queue.values()), None)
+                    # The new head is judged like any head: a dead or expired one is dropped,
+                    # else the caller would wake an instance that will never try again.
+                    head = next(iter(self._queue(ask.model, rules, now).values()), None)
                     return Admission(
                         "granted",
                         node_id=node_id,

@@ -2,7 +2,8 @@
 
 The connection layer (lanes of multiplexed connections, timeouts, error mapping, and why it
 works below coredis's public client) is ``redis_link.RedisLink``; this module is the
-``Coordination`` operations on top of it.
+``Coordination`` operations on top of it, except capacity leases and admission queues, which
+the ``redis_leases.RedisLeases`` mixin adds.
 
 Failure model (see ``base.Coordination``):
 
@@ -41,9 +42,9 @@ from coordinator.coordination.base import (
     Subscription,
 )
 from coordinator.coordination.redis_errors import redact_url
+from coordinator.coordination.redis_leases import RedisLeases
 from coordinator.coordination.redis_link import (
     DedicatedConnection,
-    RedisLink,
     _Operation,
     read_password_file,
 )
@@ -79,7 +80,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "\\*?[]" else ch for ch in text)
 
 
-class RedisCoordination(RedisLink, Coordination):
+class RedisCoordination(RedisLeases, Coordination):
     """``Coordination`` shared by every instance that points at the same Redis and prefix."""
 
     kind = "redis"

@@ -1,15 +1,14 @@
 """One contract, two backends: every test here runs against the embedded memory backend (on a
 fake clock) and against RedisCoordination talking to a real redis-server.
 
-Time: ``backend.advance(s)`` moves the memory backend's injected clock, and really sleeps for
-Redis, so TTLs here are short (tenths of a second) to keep the suite fast.
+The ``backend`` fixture lives in tests/fixtures/coordination_backend.py (the lease contract
+suite uses it too). Time: ``backend.advance(s)`` moves the memory backend's injected clock,
+and really sleeps for Redis, so TTLs here are short (tenths of a second) to keep the suite fast.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -17,61 +16,8 @@ import trio
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
 from coordinator.coordination.redis import RedisCoordination
+from tests.fixtures.coordination_backend import SLACK, Backend, FakeClock
 from tests.fixtures.redis_server import RedisServer
-
-# Margin for real-time checks against Redis (scheduling, round trips).
-SLACK = 0.05
-
-
-class FakeClock:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class Backend:
-    name: str
-    coord: Coordination
-    advance: Callable[[float], Awaitable[None]]
-    #: a second client of the same store, as another coordinator instance would have
-    open_peer: Callable[[], AbstractAsyncContextManager[Coordination]]
-
-
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-async def backend(
-    request: pytest.FixtureRequest,
-) -> AsyncIterator[Backend]:
-    if request.param == "memory":
-        clock = FakeClock()
-        state = MemoryState(clock)
-
-        async def advance(seconds: float) -> None:
-            clock.now += seconds
-            await trio.lowlevel.checkpoint()
-
-        @asynccontextmanager
-        async def memory_peer() -> AsyncIterator[Coordination]:
-            async with MemoryCoordination(state=state) as peer:
-                yield peer
-
-        async with MemoryCoordination(state=state) as memory:
-            yield Backend("memory", memory, advance, memory_peer)
-        return
-
-    server: RedisServer = request.getfixturevalue("redis_server_session")
-    prefix: str = request.getfixturevalue("redis_key_prefix")
-
-    @asynccontextmanager
-    async def redis_peer() -> AsyncIterator[Coordination]:
-        async with RedisCoordination(server.url, key_prefix=prefix) as peer:
-            yield peer
-
-    async with RedisCoordination(server.url, key_prefix=prefix) as redis:
-        yield Backend("redis", redis, trio.sleep, redis_peer)
-
 
 # -- keys -------------------------------------------------------------------------------------
 
