@@ -39,8 +39,10 @@ log = logging.getLogger("gemmanet.admission")
 
 #: the first waiter of a model on this instance re-checks this often (a wake may be lost)
 POLL_S = 1.0
-#: a request whose candidates all went away (a view a beat old) looks again after this long
+#: a request whose candidates all went away (a view a beat old, or facts the store lost and
+#: their owners are writing again) looks again after this long, for at most GONE_GIVE_UP_S
 GONE_RETRY_S = 0.25
+GONE_GIVE_UP_S = 3.0
 #: queue and active-set entries of an instance silent this long stop counting
 REQUESTER_STALE_S = 10.0
 #: how long a failed release is retried (a lease heals by its TTL anyway; an active-set
@@ -106,6 +108,7 @@ class Admissions:
         if model is None:
             return []
         queue_until = self._clock() + self._settings.queue_timeout_s
+        gone_until: float | None = None
         waiter: _Waiter | None = None
         try:
             while True:
@@ -132,6 +135,10 @@ class Admissions:
                     waiter = _Waiter(effect.task_id)
                     self._waiters.setdefault(model, []).append(waiter)
                 if admission.outcome == "refused":  # every candidate went away: look again
+                    now = self._clock()
+                    gone_until = gone_until or now + GONE_GIVE_UP_S
+                    if now >= gone_until:
+                        return self._failed(effect, self._facts_missing(model))
                     await trio.sleep(GONE_RETRY_S)
                 else:
                     await self._wait_turn(model, waiter, queue_until)
@@ -199,6 +206,12 @@ class Admissions:
         return CoordinationDown(
             f"the facts of node(s) {', '.join(stale)} are stale (their instance stopped "
             "updating them); nothing is placed on a guess",
+        )
+
+    def _facts_missing(self, model: str) -> CoordinationDown:
+        return CoordinationDown(
+            f"the shared store has no current facts for the nodes serving model {model!r} "
+            "(it may have restarted; their instances are writing them again)"
         )
 
     def _timed_out(self, model: str) -> AllNodesBusy:

@@ -126,6 +126,7 @@ class Instance:
         self.node_facts = NodeFactsWriter(
             self.instance_id, settings.capacity, coordination, self.machine.owner.nodes
         )
+        self.membership.on_forgotten = self.node_facts.rewrite_all
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None

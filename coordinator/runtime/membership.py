@@ -77,6 +77,8 @@ class Membership:
         #: called (awaited) when our presence lapsed long enough that peers may have declared
         #: us dead: drop what we forward for them, re-check ownership of our nodes
         self.on_presence_lapsed: Callable[[], Awaitable[None]] | None = None
+        #: called when a beat finds our registry entry gone (the store lost its data)
+        self.on_forgotten: Callable[[], None] | None = None
         #: how often our own presence lapsed (see ``on_presence_lapsed``)
         self.liveness_lost = 0
         #: bumped whenever ``peers`` may have changed (callers cache views on it)
@@ -127,6 +129,10 @@ class Membership:
             forget_after_s=FORGET_AFTER_S,
         )
         self._absorb(view, self._clock() - sent)
+        if view.previous_beat is None and not first and self.on_forgotten is not None:
+            # The store no longer had our entry: it restarted empty (or forgot us). What we
+            # keep there besides the beat (node facts) has to be written again.
+            self.on_forgotten()
         lapsed = presence_lapsed(
             previous_beat=view.previous_beat,
             now=view.now,

@@ -60,6 +60,12 @@ class NodeFactsWriter:
         self._dirty[effect.node_id] = (effect.conn_id, effect.gone)
         self._changed.set()
 
+    def rewrite_all(self) -> None:
+        """The store lost its data: write every local node's facts again, now."""
+        for conn in self._nodes.connections():
+            self._dirty.setdefault(conn.node_id, (conn.conn_id, False))
+        self._changed.set()
+
     async def run(self) -> None:
         while True:
             with trio.move_on_after(REFRESH_S) as waiting:
