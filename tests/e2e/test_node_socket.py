@@ -216,12 +216,19 @@ async def test_client_going_away_cancels_the_task_on_the_node(procs, coord, key)
 
 
 async def test_max_parallel_is_honoured(procs, coord, key) -> None:
+    """A second request for a full node waits for its lease: the node never gets two tasks
+    at once, and the second runs as soon as the first ends."""
     async with raw_node(coord.url, "single", procs.enroll("single"), max_parallel=1) as node:
         async with trio.open_nursery() as nursery:
-            results = spawn_request(nursery, coord, key, model="echo", prompt="first")
+            first = spawn_request(nursery, coord, key, model="echo", prompt="first")
             assign = await node.receive()
-            second = await post(coord, key, model="echo", prompt="second")
-            assert second.status_code == 503
-            assert second.json()["error"]["code"] == TaskErrorCode.ALL_NODES_BUSY
+            second = spawn_request(nursery, coord, key, model="echo", prompt="second")
+            with trio.move_on_after(1.0) as waited:
+                await node.receive()  # nothing may arrive while the first runs
+            assert waited.cancelled_caught and not second
             await node.send(Result(task_id=assign.task_id, output="first"))
-        assert results[0].status_code == 200
+            next_assign = await node.receive()
+            assert next_assign.prompt == "second"
+            await node.send(Result(task_id=next_assign.task_id, output="second"))
+        assert first[0].status_code == 200 and second[0].status_code == 200
+        assert second[0].json()["output"] == "second"
