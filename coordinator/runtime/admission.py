@@ -109,7 +109,11 @@ class Admissions:
             return []
         queue_until = self._clock() + self._settings.queue_timeout_s
         gone_until: float | None = None
-        waiter: _Waiter | None = None
+        # Registered before the first ask: this instance's asks reach the store in the order
+        # they are sent, so local waiters stay in the queue's order.
+        waiter = _Waiter(effect.task_id)
+        self._waiters.setdefault(model, []).append(waiter)
+        woken = False
         try:
             while True:
                 candidates = requester.candidates(effect.task_id, effect.attempt)
@@ -127,24 +131,25 @@ class Admissions:
                     return self._granted(effect, model, admission, candidates)
                 if admission.outcome == "queued":
                     requester.waiting(effect.task_id)
+                    if woken and admission.position > 0:
+                        # Not first in line after all: the wake may be meant for a later
+                        # local waiter (asks can overtake each other on the way).
+                        self._pass_wake(model, waiter)
                 elif admission.outcome != "refused" or "stale" in admission.refusals.values():
                     return self._failed(effect, self._refusal(model, admission))
                 if self._clock() >= queue_until:
                     return self._failed(effect, self._timed_out(model))
-                if waiter is None:
-                    waiter = _Waiter(effect.task_id)
-                    self._waiters.setdefault(model, []).append(waiter)
                 if admission.outcome == "refused":  # every candidate went away: look again
                     now = self._clock()
                     gone_until = gone_until or now + GONE_GIVE_UP_S
                     if now >= gone_until:
                         return self._failed(effect, self._facts_missing(model))
                     await trio.sleep(GONE_RETRY_S)
+                    woken = False
                 else:
-                    await self._wait_turn(model, waiter, queue_until)
+                    woken = await self._wait_turn(model, waiter, queue_until)
         finally:
-            if waiter is not None:
-                self._leave(model, waiter)
+            self._leave(model, waiter)
 
     async def _admit(
         self, effect: Reserve, model: str, candidates: list[NodeView]
@@ -224,12 +229,22 @@ class Admissions:
 
     # -- waiting ----------------------------------------------------------------------------
 
-    async def _wait_turn(self, model: str, waiter: _Waiter, until: float) -> None:
+    async def _wait_turn(self, model: str, waiter: _Waiter, until: float) -> bool:
+        """Wait for a wake (True) or, for the first local waiter, the next poll (False)."""
         first = self._waiters[model][0] is waiter
         wake_at = min(until, self._clock() + POLL_S) if first else until
         with trio.move_on_at(wake_at):
             await waiter.woken.wait()
+        woken = waiter.woken.is_set()
         waiter.woken = trio.Event()
+        return woken
+
+    def _pass_wake(self, model: str, waiter: _Waiter) -> None:
+        waiters = self._waiters.get(model, [])
+        if waiter in waiters:
+            index = waiters.index(waiter)
+            if index + 1 < len(waiters):
+                waiters[index + 1].woken.set()
 
     def _leave(self, model: str, waiter: _Waiter) -> None:
         waiters = self._waiters.get(model, [])

@@ -1,0 +1,121 @@
+"""Capacity leases and the shared admission queue end to end: two real coordinator processes on
+one real Redis, one real node agent that runs one task at a time (``--max-parallel 1``) and
+counts, itself, how many tasks it was asked to run at once and in which order
+(``GEMMANET_NODE_STATS_FILE``). Without leases, a burst got a wall of 503s and a stale view
+could send a full node a second task."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from protocol import TaskErrorCode
+from tests.fixtures.processes import Coordinator, Processes, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis]
+
+
+def start(
+    procs: Processes, redis_server: object, tmp_path: Path, *, latency_ms: int, **env: str
+) -> tuple[Coordinator, Coordinator, Path]:
+    procs.share_redis(redis_server, f"aq{os.getpid()}", **env)
+    a, b = procs.two_instances()
+    stats = tmp_path / "node-stats.json"
+    procs.env["GEMMANET_NODE_STATS_FILE"] = str(stats)
+    extra = ("--max-parallel", "1", "--latency-ms", str(latency_ms))
+    procs.node(a, "one", extra=extra)
+    del procs.env["GEMMANET_NODE_STATS_FILE"]
+    wait_until(lambda: b.has_node("one"), "B sees the node")
+    return a, b, stats
+
+
+async def post(coord: Coordinator, key: str, prompt: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=coord.url, timeout=60) as client:
+        return await client.post(
+            "/api/v1/request",
+            json={"model": "echo", "prompt": prompt},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+
+
+def node_stats(path: Path) -> dict[str, object]:
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+async def test_a_burst_from_both_instances_waits_its_turn_in_arrival_order(
+    procs, redis_server, tmp_path
+) -> None:
+    a, b, stats = start(procs, redis_server, tmp_path, latency_ms=250)
+    key = procs.create_key("burst")
+    responses: dict[str, httpx.Response] = {}
+
+    async def one(i: int) -> None:
+        prompt = f"q{i:02d}"
+        responses[prompt] = await post(a if i % 2 else b, key, prompt)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            nursery.start_soon(one, i)
+            await trio.sleep(0.15)  # arrival order is the order sent
+    assert {p: r.status_code for p, r in responses.items()} == {f"q{i:02d}": 200 for i in range(8)}
+    seen = node_stats(stats)
+    assert seen["peak_asked"] == 1, seen  # never two at once, counted at the node
+    assert seen["prompts"] == [f"q{i:02d}" for i in range(8)], seen  # first come, first served
+    assert all(n["leases"] == 0 for n in a.nodes())  # every lease given back
+
+
+async def test_past_the_queue_timeout_a_request_gets_503_with_retry_after(
+    procs, redis_server, tmp_path
+) -> None:
+    a, b, stats = start(
+        procs, redis_server, tmp_path, latency_ms=2500, GEMMANET_QUEUE_TIMEOUT_S="1"
+    )
+    key = procs.create_key("timeout")
+    responses: dict[str, tuple[httpx.Response, float]] = {}
+
+    async def one(coord: Coordinator, prompt: str) -> None:
+        started = trio.current_time()
+        responses[prompt] = (
+            await post(coord, prompt=prompt, key=key),
+            trio.current_time() - started,
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, a, "runs")
+        await trio.sleep(0.3)
+        nursery.start_soon(one, b, "waits-on-b")
+        nursery.start_soon(one, a, "waits-on-a")
+    assert responses["runs"][0].status_code == 200
+    for prompt in ("waits-on-b", "waits-on-a"):
+        response, took = responses[prompt]
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == TaskErrorCode.ALL_NODES_BUSY
+        assert int(response.headers["Retry-After"]) >= 1
+        assert 0.9 <= took < 2.4, took  # after the queue timeout, not after the task
+    assert node_stats(stats)["prompts"] == ["runs"]
+
+
+async def test_sixty_concurrent_requests_to_one_single_slot_node_all_get_200(
+    procs, redis_server, tmp_path
+) -> None:
+    a, b, stats = start(procs, redis_server, tmp_path, latency_ms=20)
+    key = procs.create_key("sixty")
+    codes: list[int] = []
+
+    async def one(i: int) -> None:
+        response = await post(a if i % 2 else b, key, f"r{i}")
+        codes.append(response.status_code)
+        if response.status_code != 200:
+            print("FAILED", i, response.text)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(60):
+            nursery.start_soon(one, i)
+    assert codes == [200] * 60
+    seen = node_stats(stats)
+    assert seen["peak_asked"] == 1 and len(seen["prompts"]) == 60  # type: ignore[arg-type]
