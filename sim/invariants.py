@@ -92,7 +92,8 @@ class OwnAnswerFromAssignedNode(Invariant):
 
 class DeadOwnerTasksEndFast(Invariant):
     """When the instance owning a node dies (crash, or a freeze past the bound), tasks that
-    other instances requested on its nodes end within 3 s of virtual time."""
+    other instances requested on its nodes end within 3 s of virtual time — unless their
+    requester is itself frozen or crashed meanwhile (nobody can end them then)."""
 
     name = "dead-owner-bound"
 
@@ -101,12 +102,19 @@ class DeadOwnerTasksEndFast(Invariant):
         self.requester: dict[str, str] = {}  # task -> requesting instance
         self.open_tasks: set[str] = set()
         self.deadlines: dict[str, float] = {}
+        self.down_until: dict[str, float] = {}  # instance -> frozen until (inf: crashed)
 
     def observe(self, event: Event) -> None:
         kind, t = event["kind"], event["t"]
         for task, deadline in sorted(self.deadlines.items()):
             if t > deadline and task in self.open_tasks:
                 self.fail(f"task {task} of a dead owner still pending after the bound", t)
+        if kind == "fault" and event["fault"] in ("freeze", "crash_restart"):
+            down = event["target"]
+            until = t + event["duration"] if event["fault"] == "freeze" else float("inf")
+            self.down_until[down] = until
+            for task in [k for k in self.deadlines if self.requester.get(k) == down]:
+                del self.deadlines[task]
         if kind == "node.assign":
             self.where[event["task"]] = event["instance"]
         elif kind == "request.placed":
@@ -118,8 +126,12 @@ class DeadOwnerTasksEndFast(Invariant):
         elif kind == "owner.dead":
             dead = event["instance"]
             for task in sorted(self.open_tasks):
-                if self.where.get(task) == dead and self.requester.get(task) != dead:
-                    self.deadlines.setdefault(task, event["since"] + DEAD_OWNER_BOUND_S)
+                requester = self.requester.get(task, "")
+                if self.where.get(task) != dead or requester == dead:
+                    continue
+                if self.down_until.get(requester, 0.0) > t:
+                    continue  # its requester cannot act now
+                self.deadlines.setdefault(task, event["since"] + DEAD_OWNER_BOUND_S)
 
 
 class OneLiveConnectionPerNode(Invariant):

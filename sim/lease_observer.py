@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from coordinator.coordination.leases import Admission, LeaseAsk
 from coordinator.coordination.memory import MemoryState
-from sim.actors import SimNode
 from sim.trace import Trace
 
 
 class LeaseObserver:
-    def __init__(self, trace: Trace, state: MemoryState, nodes: dict[str, SimNode], name: str):
-        self.trace, self.state, self.nodes, self.instance = trace, state, nodes, name
+    def __init__(self, trace: Trace, state: MemoryState, name: str) -> None:
+        self.trace, self.state, self.instance = trace, state, name
 
     def admitted(self, ask: LeaseAsk, admission: Admission) -> None:
         if admission.outcome == "granted":
             node_id = admission.node_id
             usage = self.state.leases.usage([node_id], self.state.now())[node_id]
-            node = self.nodes.get(node_id)
+            # The budgets the store holds for the node (two agents sharing an identity may
+            # announce different ones; the node-level check counts at each agent).
+            facts = self.state.leases.facts(node_id)
             self.trace.emit(
                 "lease.granted",
                 task=ask.request_id,
@@ -27,8 +28,8 @@ class LeaseObserver:
                 instance=self.instance,
                 held=usage.leases,
                 memory_gb=usage.memory_gb,
-                max_parallel=node.max_parallel if node else None,
-                vram_gb=node.vram_gb if node else None,
+                max_parallel=facts.max_parallel if facts else None,
+                vram_gb=facts.memory_gb if facts else None,
             )
         elif admission.outcome == "queued":
             self.trace.emit(

@@ -218,7 +218,7 @@ class World:
             MemoryCoordination(trio.current_time, state=self.state),
             gate,
             self.store_state,
-            observer=LeaseObserver(self.trace, self.state, self.nodes, name),
+            observer=LeaseObserver(self.trace, self.state, name),
         )
         memory_bus = MemoryBus(
             hub=self.bus_hub, durable=cfg.bus == "streams", before_io=coordination.passage

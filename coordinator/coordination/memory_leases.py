@@ -73,6 +73,10 @@ class LeaseTables:
     def put_facts(self, facts: NodeFacts) -> None:
         self._nodes.setdefault(facts.node_id, _Node()).facts = facts
 
+    def facts(self, node_id: str) -> NodeFacts | None:
+        node = self._nodes.get(node_id)
+        return None if node is None else node.facts
+
     def drop_facts(self, node_id: str, conn_id: str) -> None:
         node = self._nodes.get(node_id)
         if node is not None and node.facts is not None and node.facts.conn_id == conn_id:

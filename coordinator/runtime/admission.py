@@ -49,6 +49,7 @@ REQUESTER_STALE_S = 10.0
 #: entry of a live instance would not)
 RELEASE_GIVE_UP_S = 30.0
 WAKE_GIVE_UP_S = 2.0
+ADMIT_GIVE_UP_S = 5.0
 
 
 def admission_rules(
@@ -121,10 +122,7 @@ class Admissions:
                     return []  # the request ended meanwhile
                 if not candidates:
                     return self._failed(effect, no_node_serves(model))
-                # Shielded: a lease granted to a request that is being cancelled must still
-                # reach the machine (synchronously, below), which gives it back.
-                with trio.CancelScope(shield=True):
-                    admission = await self._admit(effect, model, candidates)
+                admission = await self._admit(effect, model, candidates)
                 if isinstance(admission, GemmaNetError):
                     return self._failed(effect, admission)
                 if admission.outcome == "granted":
@@ -168,7 +166,13 @@ class Admissions:
             queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
         )
         try:
-            return await self._coordination.admit(ask, self.rules)
+            # Shielded: a lease granted to a request that is being cancelled must still reach
+            # the machine (synchronously, in the caller), which gives it back. Bounded: a
+            # store that hangs must not hold up a shutdown (a lease granted meanwhile heals
+            # by its TTL).
+            with trio.CancelScope(shield=True), trio.move_on_after(ADMIT_GIVE_UP_S):
+                return await self._coordination.admit(ask, self.rules)
+            raise CoordinationUnavailable(f"no answer within {ADMIT_GIVE_UP_S:g} s")
         except CoordinationUnavailable as exc:
             log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
             return CoordinationDown(

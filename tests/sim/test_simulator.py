@@ -50,7 +50,12 @@ def test_different_seeds_give_different_traces() -> None:
 @pytest.mark.parametrize("bus", ["pubsub", "streams"])
 @pytest.mark.parametrize(
     ("mutation", "invariant"),
-    [("connection-check-off", "own-answer"), ("owner-sweeper-off", "dead-owner-bound")],
+    [
+        ("connection-check-off", "own-answer"),
+        ("owner-sweeper-off", "dead-owner-bound"),
+        ("lease-check-off", "no-node-over-budget"),
+        ("queue-order-off", "queue-order"),
+    ],
 )
 def test_broken_variants_are_caught_and_replay_the_same_way(
     tmp_path, mutation, invariant, bus
