@@ -29,6 +29,7 @@ from coordinator.coordination.leases import (
     Admission,
     AdmissionRules,
     LeaseAsk,
+    LeaseRelease,
     LeaseUsage,
     NodeFacts,
 )
@@ -211,27 +212,11 @@ class FaultyCoordination(Coordination):
         await self.passage()
         return await self.inner.renew_leases(leases, ttl_s)
 
-    async def release(
-        self,
-        *,
-        request_id: str,
-        key_id: str,
-        model: str,
-        lease: tuple[str, str] | None,
-        wake_models: Sequence[str],
-        rules: AdmissionRules,
-    ) -> list[tuple[str, str]]:
-        if self.observer is not None and model:
-            self.observer.left(request_id)  # the request is over, whether this call succeeds
+    async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
+        if self.observer is not None and release.model:
+            self.observer.left(release.request_id)  # the request is over, whether this succeeds
         await self.passage()
-        return await self.inner.release(
-            request_id=request_id,
-            key_id=key_id,
-            model=model,
-            lease=lease,
-            wake_models=wake_models,
-            rules=rules,
-        )
+        return await self.inner.release(release, rules)
 
     async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
         await self.passage()

@@ -25,6 +25,7 @@ from coordinator.coordination.leases import (
     Admission,
     AdmissionRules,
     LeaseAsk,
+    LeaseRelease,
     LeaseUsage,
     NodeFacts,
 )
@@ -185,18 +186,10 @@ class Coordination(abc.ABC):
         """Extend each (node id, lease id) still held to ``ttl_s`` from now; which were."""
 
     @abc.abstractmethod
-    async def release(
-        self,
-        *,
-        request_id: str,
-        key_id: str,
-        model: str,
-        lease: tuple[str, str] | None,
-        wake_models: Sequence[str],
-        rules: AdmissionRules,
-    ) -> list[tuple[str, str]]:
+    async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
         """End a request's lease, queue entry and active-set entry. Returns (model, instance)
-        for each of ``wake_models`` whose queue is not empty: the instance of its first entry."""
+        for each of ``release.wake_models`` whose queue is not empty: the instance of its first
+        entry."""
 
     @abc.abstractmethod
     async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:

@@ -27,6 +27,7 @@ interface, and the semantics every backend honours (``memory_leases.py`` is the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,6 +35,7 @@ __all__ = [
     "Admission",
     "AdmissionRules",
     "LeaseAsk",
+    "LeaseRelease",
     "LeaseUsage",
     "NodeFacts",
     "Outcome",
@@ -96,6 +98,19 @@ class LeaseAsk:
     lease_id: str
     #: a queue entry this call creates expires this long after it is created
     queue_entry_ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRelease:
+    """What a request gives back: its lease on ``lease`` (node id, lease id) if any, its
+    queue entry for ``model`` and its entry in ``key_id``'s active set (empty: keep those, the
+    request goes on elsewhere). The heads of the queues of ``wake_models`` are reported."""
+
+    request_id: str
+    key_id: str = ""
+    model: str = ""
+    lease: tuple[str, str] | None = None
+    wake_models: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from coordinator.coordination.leases import (
     Admission,
     AdmissionRules,
     LeaseAsk,
+    LeaseRelease,
     LeaseUsage,
     NodeFacts,
 )
@@ -169,26 +170,9 @@ class MemoryCoordination(Coordination):
         state = await self._enter()
         return state.leases.renew(leases, ttl_s, state.now())
 
-    async def release(
-        self,
-        *,
-        request_id: str,
-        key_id: str,
-        model: str,
-        lease: tuple[str, str] | None,
-        wake_models: Sequence[str],
-        rules: AdmissionRules,
-    ) -> list[tuple[str, str]]:
+    async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
         state = await self._enter()
-        return state.leases.release(
-            request_id=request_id,
-            key_id=key_id,
-            model=model,
-            lease=lease,
-            wake_models=wake_models,
-            rules=rules,
-            now=state.now(),
-        )
+        return state.leases.release(release, rules, state.now())
 
     async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
         state = await self._enter()

@@ -11,6 +11,7 @@ from coordinator.coordination.leases import (
     Admission,
     AdmissionRules,
     LeaseAsk,
+    LeaseRelease,
     LeaseUsage,
     NodeFacts,
     RefusalReason,
@@ -165,21 +166,14 @@ class LeaseTables:
         return renewed
 
     def release(
-        self,
-        *,
-        request_id: str,
-        key_id: str,
-        model: str,
-        lease: tuple[str, str] | None,
-        wake_models: Sequence[str],
-        rules: AdmissionRules,
-        now: float,
+        self, release: LeaseRelease, rules: AdmissionRules, now: float
     ) -> list[tuple[str, str]]:
+        request_id, key_id, lease = release.request_id, release.key_id, release.lease
         if lease is not None:
             node = self._nodes.get(lease[0])
             if node is not None:
                 node.leases.pop(lease[1], None)
-        queue = self._queues.get(model)
+        queue = self._queues.get(release.model)
         if queue is not None:
             queue.pop(request_id, None)
         active = self._active.get(key_id)
@@ -188,7 +182,7 @@ class LeaseTables:
             if not active:
                 del self._active[key_id]
         heads = []
-        for name in dict.fromkeys(wake_models):
+        for name in dict.fromkeys(release.wake_models):
             head = next(iter(self._queue(name, rules, now).values()), None)
             if head is not None:
                 heads.append((name, head.instance_id))

@@ -18,6 +18,7 @@ from coordinator.coordination.leases import (
     Admission,
     AdmissionRules,
     LeaseAsk,
+    LeaseRelease,
     LeaseUsage,
     NodeFacts,
     Outcome,
@@ -139,28 +140,20 @@ class RedisLeases(RedisLink):
         reply = await self._eval(RENEW, keys, [_us(ttl_s), *(lease for _, lease in leases)])
         return [bool(int(flag)) for flag in reply]
 
-    async def release(
-        self,
-        *,
-        request_id: str,
-        key_id: str,
-        model: str,
-        lease: tuple[str, str] | None,
-        wake_models: Sequence[str],
-        rules: AdmissionRules,
-    ) -> list[tuple[str, str]]:
+    async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
+        lease = release.lease
         keys = [
             self._name(rules.presence_registry),
-            *self._queue_keys(model),
-            self._name(f"lease:a:{key_id}"),
+            *self._queue_keys(release.model),
+            self._name(f"lease:a:{release.key_id}"),
         ]
         if lease is not None:
             keys += self._node_keys(lease[0])
-        wake = list(dict.fromkeys(wake_models))
+        wake = list(dict.fromkeys(release.wake_models))
         for name in wake:
             keys += self._queue_keys(name)
         args = [
-            request_id,
+            release.request_id,
             "0" if lease is None else "1",
             "" if lease is None else lease[1],
             _us(rules.requester_stale_s),

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
-from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk
+from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
 from coordinator.core import registry
 from coordinator.core.effects import Effect, ReleaseLease, Reserve
 from coordinator.core.instance_machine import InstanceMachine
@@ -284,12 +284,14 @@ class Admissions:
         while True:
             try:
                 heads = await coordination.release(
-                    request_id=effect.task_id,
-                    key_id=effect.key_id,
-                    model=effect.model,
-                    lease=effect.lease,
-                    wake_models=effect.wake_models,
-                    rules=self.rules,
+                    LeaseRelease(
+                        request_id=effect.task_id,
+                        key_id=effect.key_id,
+                        model=effect.model,
+                        lease=effect.lease,
+                        wake_models=effect.wake_models,
+                    ),
+                    self.rules,
                 )
                 break
             except CoordinationUnavailable as exc:

@@ -20,7 +20,7 @@ import sys
 
 import trio
 
-from coordinator.coordination.leases import AdmissionRules, LeaseAsk
+from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease
 from coordinator.coordination.redis import RedisCoordination
 from coordinator.coordination.redis_lease_scripts import ADMIT
 from coordinator.coordination.redis_scripts import LuaScript
@@ -66,12 +66,14 @@ async def hammer(url: str, prefix: str, me: str, variant: str, seconds: float) -
                 await c.incr("holders", -1)
                 grants += 1
             await c.release(
-                request_id=rid,
-                key_id="key",
-                model="m",
-                lease=("n1", lease_id) if lease_id else None,
-                wake_models=[],
-                rules=RULES,
+                LeaseRelease(
+                    request_id=rid,
+                    key_id="key",
+                    model="m",
+                    lease=("n1", lease_id) if lease_id else None,
+                    wake_models=[],
+                ),
+                RULES,
             )
             if trio.current_time() > deadline:
                 break

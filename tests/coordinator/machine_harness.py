@@ -12,7 +12,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from coordinator.coordination.leases import AdmissionRules, LeaseAsk, NodeFacts
+from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
 from coordinator.coordination.memory_leases import LeaseTables
 from coordinator.core.effects import (
     CloseNode,
@@ -148,13 +148,15 @@ class MachineCluster:
                 self.reserve(source, effect)
             elif isinstance(effect, ReleaseLease):
                 self.leases.release(
-                    request_id=effect.task_id,
-                    key_id=effect.key_id,
-                    model=effect.model,
-                    lease=effect.lease,
-                    wake_models=effect.wake_models,
-                    rules=self.rules,
-                    now=self.now,
+                    LeaseRelease(
+                        request_id=effect.task_id,
+                        key_id=effect.key_id,
+                        model=effect.model,
+                        lease=effect.lease,
+                        wake_models=effect.wake_models,
+                    ),
+                    self.rules,
+                    self.now,
                 )
                 self.retry_waiting()
             elif isinstance(effect, NodeFactsChanged):

@@ -14,7 +14,13 @@ import itertools
 import pytest
 
 from coordinator.coordination import Coordination
-from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, NodeFacts
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseRelease,
+    NodeFacts,
+)
 from coordinator.coordination.redis import RedisCoordination
 from tests.fixtures.coordination_backend import SLACK, Backend
 from tests.fixtures.redis_server import RedisServer
@@ -191,12 +197,14 @@ async def test_release_frees_the_slot_and_names_the_queue_heads(backend: Backend
     lease = granted(await c.admit(ask("r1"), rules()))
     assert (await c.admit(ask("r2", instance="B"), rules())).outcome == "queued"
     heads = await c.release(
-        request_id="r1",
-        key_id="key",
-        model="m",
-        lease=("n1", lease),
-        wake_models=["m", "other", "m"],
-        rules=rules(),
+        LeaseRelease(
+            request_id="r1",
+            key_id="key",
+            model="m",
+            lease=("n1", lease),
+            wake_models=["m", "other", "m"],
+        ),
+        rules(),
     )
     assert heads == [("m", "B")]
     assert (await c.lease_usage(["n1"]))["n1"].leases == 0
@@ -204,7 +212,7 @@ async def test_release_frees_the_slot_and_names_the_queue_heads(backend: Backend
     # Releasing a queued request takes it out of the queue.
     assert (await c.admit(ask("r3"), rules())).outcome == "queued"
     await c.release(
-        request_id="r3", key_id="key", model="m", lease=None, wake_models=[], rules=rules()
+        LeaseRelease(request_id="r3", key_id="key", model="m", lease=None, wake_models=[]), rules()
     )
     assert await c.queue_depths(["m"], rules()) == {"m": 0}
 
@@ -217,7 +225,8 @@ async def test_queue_is_first_come_first_served(backend: Backend) -> None:
     assert (await c.admit(ask("r2", instance="B"), rules())).position == 0
     assert (await c.admit(ask("r3", instance="C"), rules())).position == 1
     await c.release(
-        request_id="r1", key_id="key", model="m", lease=("n1", lease), wake_models=[], rules=rules()
+        LeaseRelease(request_id="r1", key_id="key", model="m", lease=("n1", lease), wake_models=[]),
+        rules(),
     )
     # A slot is free, but r3 has r2 ahead of it: it keeps waiting (nothing is tried).
     waiting = await c.admit(ask("r3", instance="C"), rules())
@@ -267,7 +276,7 @@ async def test_key_limit_and_dead_instances_stop_counting(backend: Backend) -> N
     granted(await c.admit(ask("r3"), limited))
     assert (await c.admit(ask("r4"), limited)).outcome == "key_limit"
     await c.release(
-        request_id="r3", key_id="key", model="m", lease=None, wake_models=[], rules=limited
+        LeaseRelease(request_id="r3", key_id="key", model="m", lease=None, wake_models=[]), limited
     )
     granted(await c.admit(ask("r4"), limited))
 
@@ -298,7 +307,8 @@ async def test_next_in_queue_skips_a_dead_head(backend: Backend) -> None:
     assert (await c.admit(ask("r3", instance="B"), rules())).position == 1
     assert (await c.admit(ask("r4"), rules())).position == 2
     await c.release(
-        request_id="r1", key_id="key", model="m", lease=("n1", lease), wake_models=[], rules=rules()
+        LeaseRelease(request_id="r1", key_id="key", model="m", lease=("n1", lease), wake_models=[]),
+        rules(),
     )
     await backend.advance(WINDOW + 0.1)
     await beat(c, "O", "A")
@@ -322,7 +332,7 @@ async def test_refused_only_when_no_candidate_is_usable(backend: Backend) -> Non
         {"n1": "stale", "n2": "full", "n3": "gone"},
     )
     await c.release(
-        request_id="r1", key_id="key", model="m", lease=None, wake_models=[], rules=limited
+        LeaseRelease(request_id="r1", key_id="key", model="m", lease=None, wake_models=[]), limited
     )
     refused = await c.admit(ask("r2", ("n1", "c1"), ("n3", "c3")), limited)
     assert (refused.outcome, refused.refusals) == ("refused", {"n1": "stale", "n3": "gone"})

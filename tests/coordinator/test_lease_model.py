@@ -37,7 +37,13 @@ from hypothesis.stateful import (
 )
 
 from coordinator.coordination import Coordination
-from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, NodeFacts
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseRelease,
+    NodeFacts,
+)
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
 from coordinator.coordination.redis import RedisCoordination
 from tests.fixtures.coordination_backend import FakeClock
@@ -394,10 +400,7 @@ class LeaseMachine(RuleBasedStateMachine):
     async def _release(
         self, ask: LeaseAsk, lease: tuple[str, str] | None, wake: list[str]
     ) -> list[tuple[str, str]]:
-        return await self.coord.release(
-            request_id=ask.request_id, key_id=ask.key_id, model=ask.model, lease=lease,
-            wake_models=wake, rules=self.world.rules,
-        )  # fmt: skip
+        return await self.coord.release(LeaseRelease(request_id=ask.request_id, key_id=ask.key_id, model=ask.model, lease=lease, wake_models=wake), self.world.rules)  # fmt: skip
 
     # -- invariants -----------------------------------------------------------------------------
 
