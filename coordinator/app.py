@@ -12,7 +12,7 @@ from quart_schema import QuartSchema
 from quart_trio import QuartTrio
 from werkzeug.local import LocalProxy
 
-from coordinator import __version__
+from coordinator import __version__, hypercorn_patches
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
@@ -90,6 +90,7 @@ async def run_instance(
 
 def create_app(settings: Settings | None = None) -> QuartTrio:
     settings = settings or Settings.from_env()
+    hypercorn_patches.apply()
     app = QuartTrio("gemmanet")
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,

@@ -5,17 +5,12 @@ held, Redis is unreachable) ends the command with one line instead of a lifespan
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 from functools import partial
-from http import HTTPStatus
-from typing import Any
 
-import h11
 import trio
 from hypercorn.config import Config
-from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
@@ -35,29 +30,6 @@ def hypercorn_config(host: str, port: int) -> Config:
     # add a second handler and print every line twice).
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
-
-
-def send_reason_phrases() -> None:
-    """Make Hypercorn's HTTP/1.1 status lines carry their reason phrase (``HTTP/1.1 200 OK``).
-
-    Hypercorn hands h11 responses without one (``HTTP/1.1 200 ``): legal (RFC 9112 says a
-    client ignores it) but it looks broken to whoever reads a raw response. Idempotent."""
-    protocol: Any = hypercorn_h11.H11Protocol
-    if getattr(protocol, "_gemmanet_reasons", False):
-        return
-    send = protocol._send_h11_event
-
-    async def send_with_reason(self: object, event: object) -> None:
-        if isinstance(event, h11.Response) and not event.reason:
-            try:
-                phrase = HTTPStatus(event.status_code).phrase.encode("ascii")
-            except ValueError:  # a status without a registered phrase
-                phrase = b""
-            event = dataclasses.replace(event, reason=phrase)
-        await send(self, event)
-
-    protocol._send_h11_event = send_with_reason
-    protocol._gemmanet_reasons = True
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -81,7 +53,6 @@ def check_failover_bound(settings: Settings) -> None:
 
 def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
-    send_reason_phrases()
     app = create_app(settings)
     config = hypercorn_config(host, port)
 
