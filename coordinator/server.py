@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 from functools import partial
 
 import trio
@@ -51,8 +52,22 @@ def check_failover_bound(settings: Settings) -> None:
         raise SettingsError("liveness settings refused: " + "; ".join(problems))
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse in one line, before anything starts (and logs), a port another process holds.
+    Bound the way Hypercorn binds (SO_REUSEADDR), then released at once; losing the port in
+    between is still reported in one line by ``serve``."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise StartupRefused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
+    check_port_free(host, port)
     app = create_app(settings)
     config = hypercorn_config(host, port)
 
@@ -72,7 +87,13 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
                 partial(run_instance, settings, stop=stop)
             )
             nursery.start_soon(watch_signals)
-            await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
+            try:
+                await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
+            except* OSError as group:
+                # Hypercorn handles OSErrors of connections itself; one escaping is its bind.
+                reason = _first(group)
+                reason = getattr(reason, "strerror", None) or reason
+                raise StartupRefused(f"cannot listen on {host}:{port}: {reason}") from None
             # A graceful stop: the instance leaves and releases its lock, within a bound.
             watching.cancel()
             stop.set()

@@ -22,9 +22,23 @@ POSTGRES_CONNECT_TIMEOUT_S = 5
 _SCHEMA_LOCK_ID = 0x67_6E_73_63  # "gnsc"
 
 
+SUPPORTED_BACKENDS = ("sqlite", "postgresql", "postgres")
+
+
 def normalize_url(url: str | URL) -> URL:
-    """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver."""
-    parsed = make_url(url)
+    """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver.
+    Anything but SQLite or PostgreSQL is refused in one line (the CLI prints StoreError so)."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise StoreError(
+            "GEMMANET_DATABASE_URL is not a database URL (sqlite:///PATH or postgresql://...)"
+        ) from None
+    if parsed.get_backend_name() not in SUPPORTED_BACKENDS:
+        raise StoreError(
+            f"GEMMANET_DATABASE_URL: unsupported database {parsed.get_backend_name()!r};"
+            " use sqlite:///PATH or postgresql://USER@HOST/DB"
+        )
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
