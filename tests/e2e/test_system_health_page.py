@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from coordinator.store import Store
 from tests.fixtures.processes import Coordinator, Processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
@@ -81,11 +80,6 @@ def node_rows(page: Any) -> dict[str, str]:
     }
 
 
-def admin_key(procs: Processes) -> str:
-    with Store.open(procs.env["GEMMANET_DATABASE_URL"]) as store:
-        return store.create_api_key_sync("operator", admin=True)[1]
-
-
 @pytest.fixture
 def cluster(procs: Processes, redis_server: Any) -> tuple[Processes, Coordinator, Coordinator]:
     shared = procs.share_redis(redis_server, f"health{os.getpid()}")
@@ -102,10 +96,11 @@ def test_system_health_page_in_chromium(cluster: Any, browser: Any) -> None:
     sync_api = pytest.importorskip("playwright.sync_api")
     expect = sync_api.expect
     operator = Page(browser, b)
-    page = operator.open_with(admin_key(shared))
+    page = operator.open_with(shared.create_key("operator", admin=True))
 
     # Both instances, live, and the nodes of both with their owner.
     expect(page.locator("#instances tbody tr")).to_have_count(2, timeout=WAIT_MS)
+    expect(page.locator("#key-form")).to_be_hidden()
     assert page.get_attribute("#instances tbody tr:nth-child(1)", "data-instance-id") == "A"
     assert page.get_attribute("#instances tbody tr:nth-child(2)", "data-instance-id") == "B"
     expect(page.locator("#instances .state-live")).to_have_count(2)
