@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.processes import Coordinator, Processes
+from tests.fixtures.processes import Coordinator, Processes, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
@@ -84,10 +84,14 @@ def node_rows(page: Any) -> dict[str, str]:
 def cluster(procs: Processes, redis_server: Any) -> tuple[Processes, Coordinator, Coordinator]:
     shared = procs.share_redis(redis_server, f"health{os.getpid()}")
     a, b = shared.two_instances()
+    # Started together (each agent is a process of its own), then awaited together.
     for node_id in NODES_A:
-        shared.node(a, node_id, extra=("--max-parallel", "2", "--vram-gb", "24"))
+        extra = ("--max-parallel", "2", "--vram-gb", "24")
+        shared.node(a, node_id, extra=extra, wait_online=False)
     for node_id in NODES_B:
-        shared.node(b, node_id, extra=("--max-parallel", "4"))
+        shared.node(b, node_id, extra=("--max-parallel", "4"), wait_online=False)
+    everyone = {*NODES_A, *NODES_B}
+    wait_until(lambda: {n["node_id"] for n in b.nodes()} == everyone, "every node online")
     return shared, a, b
 
 
@@ -131,7 +135,7 @@ def test_system_health_page_in_chromium(cluster: Any, browser: Any) -> None:
     expect(plain_page.locator("#instances tbody tr")).to_have_count(2, timeout=WAIT_MS)
     expect(plain_page.locator("#stat-nodes")).to_have_text("4", timeout=WAIT_MS)
     expect(plain_page.locator("#nodes-denied")).to_be_visible()
-    plain.wait_for_polls(2)
+    plain.wait_for_polls(1)
     dom = plain_page.content()
     for node_id in (*NODES_A, *NODES_B, LATE):
         assert node_id not in dom, node_id
