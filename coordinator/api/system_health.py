@@ -87,7 +87,7 @@ def register_system_health(app: Quart) -> None:
         api_key = await authenticate()
         inst = instance()
         status = await inst.cluster_status()
-        queued = status["queued"]
+        queued = msgspec.convert(status["queued"], dict[str, int] | None)
         nodes = None
         if api_key.admin:
             nodes = msgspec.convert(await inst.cluster_nodes(), list[NodeInfo])
@@ -110,10 +110,8 @@ def register_system_health(app: Quart) -> None:
             instances=members,
             online_nodes=msgspec.convert(status["online_nodes"], int),
             in_flight=msgspec.convert(status["in_flight"], int),
-            queued=msgspec.convert(queued, dict[str, int] | None),
-            queue_depth=None
-            if queued is None
-            else sum(msgspec.convert(queued, dict[str, int]).values()),
+            queued=queued,
+            queue_depth=None if queued is None else sum(queued.values()),
             monitor=None,
             nodes=nodes,
         )
