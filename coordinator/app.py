@@ -16,6 +16,7 @@ from coordinator import __version__, hypercorn_patches
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
+from coordinator.api.system_health import register_system_health
 from coordinator.coordination.factory import create_bus, create_coordination
 from coordinator.coordination.memory_bus_hub import MemoryBusHub
 from coordinator.errors import StartupRefused
@@ -110,6 +111,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     )
     install_error_handlers(app)
     register_routes(app)
+    register_system_health(app)
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:

@@ -11,6 +11,7 @@ from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Engine, make_url
 
 from .errors import StoreError, StoreUnavailable
+from .migrations import add_missing_columns
 from .schema import metadata
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def create_tables(engine: Engine, *, attempts: int = 3) -> None:
-    """Create missing tables and indexes; safe when several processes open one DB at once.
+    """Create missing tables and indexes, and add columns newer than an existing table
+    (``migrations``); safe when several processes open one DB at once.
 
     On PostgreSQL an advisory lock serialises creators. Elsewhere (and as a second line of
     defence) a creator that loses the race sees "already exists" or a unique violation in the
@@ -108,6 +110,7 @@ def create_tables(engine: Engine, *, attempts: int = 3) -> None:
                         sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_ID}
                     )
                 metadata.create_all(conn, checkfirst=True)
+                add_missing_columns(conn)
             return
         except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
             if attempt == attempts or not _is_creation_race(exc):
