@@ -14,6 +14,7 @@ from werkzeug.local import LocalProxy
 
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
+from coordinator.api.metrics_http import install_metrics, serve_metrics
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.coordination.factory import create_bus, create_coordination
@@ -64,6 +65,8 @@ async def run_instance(
                     )
                 )
             await nursery.start(instance.run)
+            if settings.metrics_port is not None:
+                await nursery.start(serve_metrics, instance.metrics, settings)
             if settings.redis_url:
                 try:
                     await refuse_mixed_modes(coordination, settings)
@@ -109,6 +112,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     )
     install_error_handlers(app)
     register_routes(app)
+    install_metrics(app, settings)
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:
