@@ -118,10 +118,13 @@ async def serve_metrics(
                 config,
                 task_status=task_status,
             )
-        except OSError as exc:
+        except* OSError as group:  # Hypercorn binds inside its own nurseries
+            exc: BaseException = group
+            while isinstance(exc, BaseExceptionGroup):
+                exc = exc.exceptions[0]
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise StartupRefused(
-                f"cannot serve metrics on {config.bind[0]} (GEMMANET_METRICS_PORT): "
-                f"{exc.strerror or exc}"
+                f"cannot serve metrics on {config.bind[0]} (GEMMANET_METRICS_PORT): {reason}"
             ) from None
 
     async with trio.open_nursery() as nursery:

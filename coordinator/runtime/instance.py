@@ -190,7 +190,7 @@ class Instance:
 
     def peers_died(self, dead: set[str]) -> None:
         """Judged dead: tasks waiting on them end with 502, tasks run for them stop."""
-        self.metrics.peers_dead.inc(len(dead))
+        self.metrics.peers_judged_dead(dead, {p.instance_id for p in self.membership.peers()})
         self.apply(self.machine.peers_dead(dead, self.clock()))
 
     def peers_reborn(self, incarnations: dict[str, str]) -> None:

@@ -208,6 +208,8 @@ class Metrics:
             "gemmanet_peers_declared_dead", "peer instances judged dead", registry=r
         )
         r.register(_DiagnosticsCollector(diagnostics))
+        # Peers counted dead and not seen alive since (a verdict repeats while a peer lingers).
+        self._counted_dead: set[str] = set()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -231,6 +233,11 @@ class Metrics:
         self.node_closes.labels(code="gone" if code is None else str(code)).inc()
         if code == 4000:
             self.node_replaced.labels(node_id=node_id).inc()
+
+    def peers_judged_dead(self, dead: set[str], live: set[str]) -> None:
+        """Count each death once: again only after the peer was seen alive in between."""
+        self.peers_dead.inc(len(dead - self._counted_dead))
+        self._counted_dead = (self._counted_dead - (live - dead)) | dead
 
     def redis_op(self, what: str, took_s: float, failed: bool) -> None:
         # "SUBSCRIBE 'gn:inbox:A'" -> "SUBSCRIBE": the op, not its arguments.
