@@ -11,6 +11,15 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 
+# promtool (Debian's prometheus package) checks deploy/prometheus/rules.yml and runs its unit
+# tests (tests/coordinator/test_metrics_rules.py).
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "promtool not found; installing Debian's prometheus package with apt-get" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
