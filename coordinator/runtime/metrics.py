@@ -210,6 +210,7 @@ class Metrics:
         r.register(_DiagnosticsCollector(diagnostics))
         # Peers counted dead and not seen alive since (a verdict repeats while a peer lingers).
         self._counted_dead: set[str] = set()
+        self._redis_children: dict[str, tuple[Histogram, Counter]] = {}
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -240,8 +241,13 @@ class Metrics:
         self._counted_dead = (self._counted_dead - (live - dead)) | dead
 
     def redis_op(self, what: str, took_s: float, failed: bool) -> None:
-        # "SUBSCRIBE 'gn:inbox:A'" -> "SUBSCRIBE": the op, not its arguments.
-        op = what.split(" '", 1)[0]
-        self.redis_duration.labels(op=op).observe(took_s)
+        # On every Redis command: the labelled children are looked up once per op name.
+        children = self._redis_children.get(what)
+        if children is None:
+            # "SUBSCRIBE 'gn:inbox:A'" -> "SUBSCRIBE": the op, not its arguments.
+            op = what.split(" '", 1)[0]
+            children = (self.redis_duration.labels(op=op), self.redis_errors.labels(op=op))
+            self._redis_children[what] = children
+        children[0].observe(took_s)
         if failed:
-            self.redis_errors.labels(op=op).inc()
+            children[1].inc()
