@@ -1,6 +1,7 @@
 """``GET /metrics`` of real coordinator processes on a real Redis: a scripted run (one task
-timeout, one 502 from a kill -9'd owner, one 4000 replace) moves the counters by exactly
-those amounts; ``GEMMANET_METRICS_PORT`` moves the endpoint off the API port."""
+timeout, one refusal before placement, one 4000 replace, one 502 from a kill -9'd owner) moves
+the counters by exactly those amounts; ``GEMMANET_METRICS_PORT`` moves the endpoint off the
+API port."""
 
 from __future__ import annotations
 
@@ -93,6 +94,11 @@ async def test_scripted_run_moves_the_counters_by_exactly_its_failures(
         assert response.status_code == 504, response.text
         assert isinstance(await mute.receive(), Assign)
 
+        # A refusal before any node was chosen: nobody serves the model (503 at once).
+        response = await post(b, key, model="nobody-serves-this", prompt="x")
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "no_node_for_model"
+
         # 2. A 4000 replace: the twin's identity connects again on A; B closes its own.
         twin_token = shared.enroll("twin")
         async with raw_node(b.url, "twin", twin_token) as first:
@@ -121,10 +127,12 @@ async def test_scripted_run_moves_the_counters_by_exactly_its_failures(
     assert delta(outcomes, code="task_timeout", status="504") == 1
     assert delta(outcomes, code="node_disconnected", status="502") == 1
     assert delta(outcomes, status="502") == 1
-    assert delta(outcomes) == 2, "no other outcome was counted"
+    assert delta(outcomes, code="no_node_for_model", status="503") == 1
+    assert delta(outcomes) == 3, "no other outcome was counted"
     requests = "gemmanet_http_requests_total"
     assert delta(requests, route="/api/v1/request", status="504") == 1
     assert delta(requests, route="/api/v1/request", status="502") == 1
+    assert delta(requests, route="/api/v1/request", status="503") == 1
     assert delta("gemmanet_node_closes_total", code="4000") == 1
     assert delta("gemmanet_node_replaced_total", node_id="twin") == 1
     assert delta("gemmanet_node_replaced_total") == 1
