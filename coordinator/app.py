@@ -14,6 +14,7 @@ from werkzeug.local import LocalProxy
 
 from coordinator import __version__, hypercorn_patches
 from coordinator.api.errors import install_error_handlers
+from coordinator.api.metrics_http import install_metrics, serve_metrics
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.api.system_health import register_system_health
@@ -65,6 +66,8 @@ async def run_instance(
                     )
                 )
             await nursery.start(instance.run)
+            if settings.metrics_port is not None:
+                await nursery.start(serve_metrics, instance.metrics, settings)
             if settings.redis_url:
                 try:
                     await refuse_mixed_modes(coordination, settings)
@@ -112,6 +115,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     install_error_handlers(app)
     register_routes(app)
     register_system_health(app)
+    install_metrics(app, settings)
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:

@@ -122,6 +122,12 @@ def _identifier(name: str, raw: str) -> str:
     return raw
 
 
+def _port(name: str, raw: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise SettingsError(f"{name}={raw!r} must be a TCP port number from 1 to 65535")
+    return int(raw)
+
+
 def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
     """The fields the environment sets, parsed and checked; unset or blank variables are left
     out so that their fields keep their defaults."""
@@ -167,6 +173,9 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
             "GEMMANET_LEASE_TTL_S",
             lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
         ),
+        # /metrics on a port of its own (README "Metrics and the rollout check").
+        "metrics_port": ("GEMMANET_METRICS_PORT", _port),
+        "metrics_host": ("GEMMANET_METRICS_HOST", lambda n, v: v),
     }
     values: dict[str, Any] = {}
     for field_name, (variable, parse) in parsers.items():
@@ -216,6 +225,9 @@ class Settings:
     max_active_per_key: int = 0
     residency_stale_s: float = 15.0
     lease_ttl_s: float = 30.0
+    # None: /metrics is a route of the API port; a port: served there only, on metrics_host.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

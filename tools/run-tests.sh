@@ -4,19 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "redis-server not found; installing it with apt-get" >&2
+# System packages the suite needs, installed with apt-get when missing:
+# - redis-server: the Redis tests and every multi-instance end-to-end test;
+# - chromium: the System Health page test drives Debian's chromium through Playwright (no
+#   browser download);
+# - prometheus (for promtool): checks deploy/prometheus/rules.yml and runs its unit tests
+#   (tests/coordinator/test_metrics_rules.py).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing with apt-get: ${missing[*]}" >&2
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
-fi
-
-# The System Health page test drives Debian's chromium through Playwright (no browser download).
-if [ ! -x /usr/bin/chromium ]; then
-  echo "chromium not found; installing it with apt-get" >&2
-  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

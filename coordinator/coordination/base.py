@@ -16,7 +16,7 @@ Semantics every backend honours (the contract suite checks each):
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
@@ -31,7 +31,17 @@ from coordinator.coordination.leases import (
 )
 from coordinator.errors import CoordinationUnavailable
 
-__all__ = ["Coordination", "CoordinationUnavailable", "RateDecision", "Subscription"]
+__all__ = [
+    "Coordination",
+    "CoordinationUnavailable",
+    "OpObserver",
+    "RateDecision",
+    "Subscription",
+]
+
+#: told (what, seconds, failed) after each store operation; the Redis backend calls it (the
+#: metrics' hook, runtime/metrics.py), the in-process one has no latency worth reporting
+OpObserver = Callable[[str, float, bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +96,7 @@ class Coordination(abc.ABC):
 
     #: short name used in logs and /api/v1/status ("memory" or "redis")
     kind: str = "abstract"
+    op_observer: OpObserver | None = None
 
     # -- keys ---------------------------------------------------------------------------------
 

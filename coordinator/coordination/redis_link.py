@@ -16,6 +16,7 @@ If coredis changes those internals, this module (and the subscription pump, whic
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +27,7 @@ from coredis import BaseConnection, ConnectionPool
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from coredis.exceptions import NoScriptError, ResponseError
 
-from coordinator.coordination.base import CoordinationUnavailable
+from coordinator.coordination.base import CoordinationUnavailable, OpObserver
 from coordinator.coordination.redis_errors import (
     caused_by_cancellation,
     describe,
@@ -96,6 +97,8 @@ class RedisLink:
         self._connect_locks: dict[str, trio.Lock] = {}
         self._live: set[BaseConnection] = set()
         self._closed = False
+        #: told (what, seconds, failed) after every guarded operation (the metrics' hook)
+        self.op_observer: OpObserver | None = None
 
     @property
     def closed(self) -> bool:
@@ -194,6 +197,24 @@ class RedisLink:
         operation: Callable[[_Operation], Awaitable[T]],
         *,
         timeout_s: float | None = None,
+    ) -> T:
+        observer = self.op_observer
+        if observer is None:
+            return await self._bounded(what, operation, timeout_s)
+        started = time.perf_counter()
+        try:
+            result = await self._bounded(what, operation, timeout_s)
+        except CoordinationUnavailable:
+            observer(what, time.perf_counter() - started, True)
+            raise
+        observer(what, time.perf_counter() - started, False)
+        return result
+
+    async def _bounded(
+        self,
+        what: str,
+        operation: Callable[[_Operation], Awaitable[T]],
+        timeout_s: float | None,
     ) -> T:
         self._require_nursery()
         op = _Operation()

@@ -32,6 +32,7 @@ from coordinator.core.placement import NodeView
 from coordinator.core.requester import no_node_serves
 from coordinator.errors import AllNodesBusy, CoordinationDown, GemmaNetError, TooManyActive
 from coordinator.runtime.bus_outbox import BusOutbox
+from coordinator.runtime.metrics import Metrics
 from coordinator.settings import Settings
 from protocol import BusWake
 
@@ -83,8 +84,10 @@ class Admissions:
         machine: InstanceMachine,
         outbox: BusOutbox,
         clock: Callable[[], float],
+        metrics: Metrics,
     ) -> None:
         self.me = settings.instance_id
+        self._metrics = metrics
         self._settings = settings
         self._coordination = coordination
         self._machine = machine
@@ -115,39 +118,45 @@ class Admissions:
         waiter = _Waiter(effect.task_id)
         self._waiters.setdefault(model, []).append(waiter)
         woken = False
+        queued_at: float | None = None
         try:
             while True:
                 candidates = requester.candidates(effect.task_id, effect.attempt)
                 if candidates is None:
                     return []  # the request ended meanwhile
                 if not candidates:
-                    return self._failed(effect, no_node_serves(model))
+                    return self._failed(effect, no_node_serves(model), "no_node")
                 admission = await self._admit(effect, model, candidates)
                 if isinstance(admission, GemmaNetError):
-                    return self._failed(effect, admission)
+                    return self._failed(effect, admission, "coordination_unavailable")
                 if admission.outcome == "granted":
                     return self._granted(effect, model, admission, candidates)
                 if admission.outcome == "queued":
+                    self._metrics.lease_denials.labels(reason="no_room").inc()
+                    queued_at = self._clock() if queued_at is None else queued_at
                     requester.waiting(effect.task_id)
                     if woken and admission.position > 0:
                         # Not first in line after all: the wake may be meant for a later
                         # local waiter (asks can overtake each other on the way).
                         self._pass_wake(model, waiter)
                 elif admission.outcome != "refused" or "stale" in admission.refusals.values():
-                    return self._failed(effect, self._refusal(model, admission))
+                    reason = admission.outcome if admission.outcome != "refused" else "stale_facts"
+                    return self._failed(effect, self._refusal(model, admission), reason)
                 if self._clock() >= queue_until:
-                    return self._failed(effect, self._timed_out(model))
+                    return self._failed(effect, self._timed_out(model), "queue_timeout")
                 if admission.outcome == "refused":  # every candidate went away: look again
                     now = self._clock()
                     gone_until = gone_until or now + GONE_GIVE_UP_S
                     if now >= gone_until:
-                        return self._failed(effect, self._facts_missing(model))
+                        return self._failed(effect, self._facts_missing(model), "facts_missing")
                     await trio.sleep(GONE_RETRY_S)
                     woken = False
                 else:
                     woken = await self._wait_turn(model, waiter, queue_until)
         finally:
             self._leave(model, waiter)
+            if queued_at is not None:
+                self._metrics.queue_wait.observe(self._clock() - queued_at)
 
     async def _admit(
         self, effect: Reserve, model: str, candidates: list[NodeView]
@@ -183,6 +192,7 @@ class Admissions:
     def _granted(
         self, effect: Reserve, model: str, admission: Admission, candidates: list[NodeView]
     ) -> list[Effect]:
+        self._metrics.lease_grants.inc()
         if admission.next_in_queue:
             self.wake(model, admission.next_in_queue)
         view = next(
@@ -194,7 +204,8 @@ class Admissions:
             effect.task_id, effect.attempt, view, admission.lease_id, self._clock()
         )
 
-    def _failed(self, effect: Reserve, error: GemmaNetError) -> list[Effect]:
+    def _failed(self, effect: Reserve, error: GemmaNetError, reason: str) -> list[Effect]:
+        self._metrics.lease_denials.labels(reason=reason).inc()
         return self._machine.reserve_failed(effect.task_id, effect.attempt, error, self._clock())
 
     def _refusal(self, model: str, admission: Admission) -> GemmaNetError:

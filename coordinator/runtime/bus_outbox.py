@@ -17,6 +17,7 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.coordination.bus import Bus
+from coordinator.runtime.metrics import Metrics
 from protocol import encode
 
 log = logging.getLogger("gemmanet.bus")
@@ -35,8 +36,9 @@ class _Outgoing:
 
 
 class BusOutbox:
-    def __init__(self, bus: Bus, clock: Callable[[], float]) -> None:
+    def __init__(self, bus: Bus, clock: Callable[[], float], metrics: Metrics) -> None:
         self._bus, self._clock = bus, clock
+        self._metrics = metrics
         self._lanes = [trio.open_memory_channel[_Outgoing](LANE_CAPACITY) for _ in range(LANES)]
         self.dropped_full = 0
 
@@ -67,6 +69,7 @@ class BusOutbox:
             )
         except trio.WouldBlock:
             self.dropped_full += 1
+            self._metrics.bus_dropped.labels(reason="outbox_full").inc()
             log.error("bus outbox full; dropped an envelope to %s", target)
 
     async def _drain(self, receive: trio.MemoryReceiveChannel[_Outgoing]) -> None:
@@ -76,9 +79,13 @@ class BusOutbox:
                     reached = await self._bus.send(item.target, item.payload)
                 except CoordinationUnavailable:
                     if self._clock() >= item.give_up_at:
+                        self._metrics.bus_dropped.labels(reason="gave_up").inc()
                         break
                     await trio.sleep(RETRY_S)
                     continue
-                if reached == 0 and item.on_unreached is not None:
-                    item.on_unreached()
+                self._metrics.bus_sent.inc()
+                if reached == 0:
+                    self._metrics.bus_dropped.labels(reason="unreached").inc()
+                    if item.on_unreached is not None:
+                        item.on_unreached()
                 break

@@ -64,6 +64,7 @@ from coordinator.runtime.admission import Admissions
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.bus_reader import read_inbox
 from coordinator.runtime.membership import Membership
+from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_facts import NodeFactsWriter
 from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.node_socket import NodeSocket, serve_node_in
@@ -114,7 +115,9 @@ class Instance:
             tracks_keys=settings.max_active_per_key > 0,
         )
         self.recorder = TaskRecorder(store)
-        self.outbox = BusOutbox(bus, clock)
+        self.metrics = Metrics(self.diagnostics)
+        coordination.op_observer = self.metrics.redis_op
+        self.outbox = BusOutbox(bus, clock, self.metrics)
         self.membership = Membership(
             coordination, bus, settings, snapshot=self.machine.snapshot, clock=clock
         )
@@ -122,7 +125,9 @@ class Instance:
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
         self.ownership = Ownership(coordination, self.instance_id, ttl_s=settings.owner_ttl_s)
-        self.admissions = Admissions(settings, coordination, self.machine, self.outbox, clock)
+        self.admissions = Admissions(
+            settings, coordination, self.machine, self.outbox, clock, self.metrics
+        )
         self.node_facts = NodeFactsWriter(
             self.instance_id, settings.capacity, coordination, self.machine.owner.nodes
         )
@@ -185,6 +190,7 @@ class Instance:
 
     def peers_died(self, dead: set[str]) -> None:
         """Judged dead: tasks waiting on them end with 502, tasks run for them stop."""
+        self.metrics.peers_judged_dead(dead, {p.instance_id for p in self.membership.peers()})
         self.apply(self.machine.peers_dead(dead, self.clock()))
 
     def peers_reborn(self, incarnations: dict[str, str]) -> None:
@@ -242,6 +248,7 @@ class Instance:
         task_id, placement = effect.envelope.task_id, effect.placement
         try:
             reached = await self.bus.send(effect.target, encode(effect.envelope))
+            self.metrics.bus_sent.inc()
         except CoordinationUnavailable as exc:
             log.warning("task %s: cannot reach the instance bus: %s", task_id, exc)
             error = CoordinationDown(
@@ -321,6 +328,7 @@ class Instance:
             )
             self.outbox.send(old_instance, replace, give_up_in=REPLACE_GIVE_UP_S)
         self.membership.snapshot_changed()
+        self.metrics.node_connects.inc()
         return conn
 
     def detach_node(self, conn: NodeConnection, why: str = "disconnected") -> None:
@@ -343,10 +351,12 @@ class Instance:
         )
 
     def _on_bus_payload(self, payload: bytes) -> None:
+        self.metrics.bus_received.inc()
         try:
             envelope = decode_bus(payload)
         except ProtocolError as exc:
             log.warning("dropped an unreadable bus envelope: %s", exc)
+            self.metrics.bus_dropped.labels(reason="unreadable").inc()
             return
         self.apply(self.machine.bus_envelope(envelope, self.clock()))
 
@@ -366,6 +376,21 @@ class Instance:
         (``open_task`` does it); a handle that is never ended is swept at its deadline.
         Raises NoNodeForModel when no node serves the model; waits in the admission queue
         while none has room (AllNodesBusy after the queue timeout)."""
+        began = self.clock()
+        try:
+            handle = await self._place_task(key_id, model, prompt, stream, timeout_s)
+        except GemmaNetError as exc:
+            self.metrics.task_refused(exc)
+            raise
+        except trio.Cancelled:
+            self.metrics.task_outcome("client_gone")
+            raise
+        handle.began_at = began
+        return handle
+
+    async def _place_task(
+        self, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
+    ) -> TaskHandle:
         check_prompt_fits(prompt)
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
@@ -409,6 +434,8 @@ class Instance:
         if handle.outcome is not None:
             return
         handle.outcome = outcome
+        local = handle.owner_instance == self.instance_id
+        self.metrics.task_ended(outcome, local=local, took_s=self.clock() - handle.began_at)
         self._waiting.pop(handle.task_id, None)
         self.apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
         self.recorder.add(handle.record(self.instance_id, finished_at=self._wall_clock()))

@@ -13,6 +13,7 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.node_table import NodeConnection
+from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_link import NodeLink
 from coordinator.settings import Settings
 from coordinator.store import Store
@@ -29,6 +30,7 @@ class NodeHost(Protocol):
     instance_id: str
     settings: Settings
     store: Store
+    metrics: Metrics
 
     async def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection: ...
     def detach_node(self, conn: NodeConnection, why: str = ...) -> None: ...
@@ -57,11 +59,17 @@ async def serve_node_socket(instance: NodeHost, socket: NodeSocket) -> None:
     await socket.accept()
     # The session refuses anything a node may not send in the current state (4002).
     session = NodeSession("coordinator")
+    node_id = ""
+    code: int | None = None
     try:
         hello = await _receive_hello(instance, socket, session)
+        node_id = hello.node_id
         code, reason = await _serve_authenticated(instance, socket, session, hello)
     except _Closing as closing:
         code, reason = closing.code, closing.reason
+    finally:
+        # None: the node's side went away (or we are stopping) before we chose a close code.
+        instance.metrics.node_closed(node_id, code)
     with trio.CancelScope(shield=True), trio.move_on_after(2):
         try:
             await socket.close(code, _reason(reason))

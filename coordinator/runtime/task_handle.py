@@ -50,6 +50,8 @@ class TaskHandle:
         self.model = model
         self.stream = stream
         self.created_at = created_at
+        # When the request asked (Instance.clock), queue wait included: the latency metric.
+        self.began_at = 0.0
         self._events = events
         # Set by Instance.end_task: "ok", or the error code the request ended with.
         self.outcome: str | None = None
