@@ -14,6 +14,7 @@ from werkzeug.local import LocalProxy
 
 from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
+from coordinator.api.openai_routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.coordination.factory import create_bus, create_coordination
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     )
     install_error_handlers(app)
     register_routes(app)
+    register_openai_routes(app)
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:
