@@ -1,1 +1,12 @@
-"""The HTTP API of INTERFACE.md: request schemas, routes, JSON errors, server-sent events."""
+"""The HTTP API of INTERFACE.md: request schemas, routes, JSON errors, server-sent events.
+
+routes.py           the native routes (/api/v1/..., /healthz)
+schemas.py          their request and response Structs
+responses.py        typed JSON responses
+errors.py           every error as the native JSON body
+openapi.py          /openapi.json built from the Structs
+openai_routes.py    the OpenAI-compatible routes (/v1/chat/completions, /v1/models)
+openai_schemas.py   their bodies, in OpenAI's shapes
+openai_prompt.py    the prompt a node gets for a list of chat messages
+openai_errors.py    errors of the /v1 routes, in OpenAI's shape
+"""
