@@ -1,8 +1,9 @@
 """The OpenAI-compatible API when tasks fail, against one real coordinator process and a
 hand-driven node (``raw_node``) that fails on cue: every status /openapi.json documents for the
 /v1 routes is really given, each body matches the document (tests/e2e/test_openapi.py does the
-same for the native routes), and a failure in the middle of a stream reaches the ``openai``
-SDK as an error after the deltas that came before it."""
+same for the native routes), a failure in the middle of a stream reaches the ``openai`` SDK as
+an error after the deltas that came before it, and a node that answers a streamed task in one
+piece still gives its output as a content delta."""
 
 from __future__ import annotations
 
@@ -143,7 +144,17 @@ def collect_until_error(coord: Coordinator, key: str) -> tuple[list[str], openai
     raise AssertionError(f"the stream ended without an error after {deltas}")
 
 
-async def test_error_in_the_middle_of_a_stream_reaches_the_sdk(procs: Processes) -> None:
+def collect_whole(coord: Coordinator, key: str) -> list[str]:
+    client = openai.OpenAI(api_key=key, base_url=coord.url + "/v1", max_retries=0)
+    stream = client.chat.completions.create(
+        model="raw", messages=ask("ok")["messages"], stream=True
+    )  # type: ignore[call-overload]
+    return [chunk.choices[0].delta.content or "" for chunk in stream]
+
+
+async def test_mid_stream_error_reaches_the_sdk_and_one_piece_answers_stream(
+    procs: Processes,
+) -> None:
     coord = procs.coordinator()
     async with (
         trio.open_nursery() as nursery,
@@ -154,7 +165,10 @@ async def test_error_in_the_middle_of_a_stream_reaches_the_sdk(procs: Processes)
         deltas, error = await trio.to_thread.run_sync(
             collect_until_error, coord, procs.create_key()
         )
+        # A node that answers a streamed task in one piece (no chunks): one content delta.
+        whole = await trio.to_thread.run_sync(collect_whole, coord, procs.create_key())
         nursery.cancel_scope.cancel()
+    assert whole == ["", "user: ok\nassistant:", ""]
     assert "".join(deltas) == "first second "
     assert error.code == "node_error" and error.type == "server_error"
     assert "died midway" in error.message, error.message
