@@ -2,6 +2,7 @@
 
 app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
 server.py         ``gemmanet serve``: the app on Hypercorn's trio worker, start-up refusals
+hypercorn_patches.py  workarounds for Hypercorn: Connection: close, JSON 400/431, reason phrases
 cli.py            the ``gemmanet`` command line
 settings.py       GEMMANET_* environment settings
 capacity.py       the operator file: per-node budgets and the model catalog

@@ -12,11 +12,12 @@ from quart_schema import QuartSchema
 from quart_trio import QuartTrio
 from werkzeug.local import LocalProxy
 
-from coordinator import __version__
+from coordinator import __version__, hypercorn_patches
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.openai_routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
+from coordinator.api.system_health import register_system_health
 from coordinator.coordination.factory import create_bus, create_coordination
 from coordinator.coordination.memory_bus_hub import MemoryBusHub
 from coordinator.errors import StartupRefused
@@ -91,6 +92,7 @@ async def run_instance(
 
 def create_app(settings: Settings | None = None) -> QuartTrio:
     settings = settings or Settings.from_env()
+    hypercorn_patches.apply()
     app = QuartTrio("gemmanet")
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
@@ -111,6 +113,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     install_error_handlers(app)
     register_routes(app)
     register_openai_routes(app)
+    register_system_health(app)
 
     @app.websocket("/ws/node")
     async def node_socket() -> None:

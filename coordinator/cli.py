@@ -36,10 +36,11 @@ def _keys_create(args: argparse.Namespace) -> int:
         return _fail(f"--name: {exc}", 2)
     store = Store.open(Settings.from_env().database_url)
     try:
-        record, key = store.create_api_key_sync(args.name)
+        record, key = store.create_api_key_sync(args.name, admin=args.admin)
     finally:
         store.close()
-    print(f"created API key {record.key_id} named {record.name!r}; it is shown only once:")
+    kind = "operator (admin) API key" if record.admin else "API key"
+    print(f"created {kind} {record.key_id} named {record.name!r}; it is shown only once:")
     print(key)
     return 0
 
@@ -131,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys.add_parser("create", help="create an API key; prints it on the last line")
     create.add_argument(
         "--name", required=True, help="a label for the key (shown in logs, not secret)"
+    )
+    create.add_argument(
+        "--admin",
+        action="store_true",
+        help="an operator key: also sees node details on /system-health and /api/v1/cluster",
     )
     create.set_defaults(handler=_keys_create)
 

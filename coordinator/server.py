@@ -5,17 +5,13 @@ held, Redis is unreachable) ends the command with one line instead of a lifespan
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
+import socket
 from functools import partial
-from http import HTTPStatus
-from typing import Any
 
-import h11
 import trio
 from hypercorn.config import Config
-from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
@@ -37,29 +33,6 @@ def hypercorn_config(host: str, port: int) -> Config:
     return config
 
 
-def send_reason_phrases() -> None:
-    """Make Hypercorn's HTTP/1.1 status lines carry their reason phrase (``HTTP/1.1 200 OK``).
-
-    Hypercorn hands h11 responses without one (``HTTP/1.1 200 ``): legal (RFC 9112 says a
-    client ignores it) but it looks broken to whoever reads a raw response. Idempotent."""
-    protocol: Any = hypercorn_h11.H11Protocol
-    if getattr(protocol, "_gemmanet_reasons", False):
-        return
-    send = protocol._send_h11_event
-
-    async def send_with_reason(self: object, event: object) -> None:
-        if isinstance(event, h11.Response) and not event.reason:
-            try:
-                phrase = HTTPStatus(event.status_code).phrase.encode("ascii")
-            except ValueError:  # a status without a registered phrase
-                phrase = b""
-            event = dataclasses.replace(event, reason=phrase)
-        await send(self, event)
-
-    protocol._send_h11_event = send_with_reason
-    protocol._gemmanet_reasons = True
-
-
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
     inner = group.exceptions[0]
     return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
@@ -79,9 +52,22 @@ def check_failover_bound(settings: Settings) -> None:
         raise SettingsError("liveness settings refused: " + "; ".join(problems))
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse in one line, before anything starts (and logs), a port another process holds.
+    Bound the way Hypercorn binds (SO_REUSEADDR), then released at once; losing the port in
+    between is still reported in one line by ``serve``."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise StartupRefused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
-    send_reason_phrases()
+    check_port_free(host, port)
     app = create_app(settings)
     config = hypercorn_config(host, port)
 
@@ -101,7 +87,13 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
                 partial(run_instance, settings, stop=stop)
             )
             nursery.start_soon(watch_signals)
-            await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
+            try:
+                await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
+            except* OSError as group:
+                # Hypercorn handles OSErrors of connections itself; one escaping is its bind.
+                reason = _first(group)
+                reason = getattr(reason, "strerror", None) or reason
+                raise StartupRefused(f"cannot listen on {host}:{port}: {reason}") from None
             # A graceful stop: the instance leaves and releases its lock, within a bound.
             watching.cancel()
             stop.set()

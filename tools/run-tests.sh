@@ -11,6 +11,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 
+# The System Health page test drives Debian's chromium through Playwright (no browser download).
+if [ ! -x /usr/bin/chromium ]; then
+  echo "chromium not found; installing it with apt-get" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

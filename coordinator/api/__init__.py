@@ -5,6 +5,9 @@ schemas.py          their request and response Structs
 responses.py        typed JSON responses
 errors.py           every error as the native JSON body
 openapi.py          /openapi.json built from the Structs
+system_health.py    the System Health page (/system-health) and GET /api/v1/cluster
+health_schemas.py   the body of GET /api/v1/cluster
+health_page/        the page's HTML, script and stylesheet (package data, not a package)
 openai_routes.py    the OpenAI-compatible routes (/v1/chat/completions, /v1/models)
 openai_schemas.py   their bodies, in OpenAI's shapes
 openai_prompt.py    the prompt a node gets for a list of chat messages

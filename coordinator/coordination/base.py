@@ -73,6 +73,10 @@ class PresenceView:
 class Subscription(abc.ABC):
     """Messages of one channel, in publish order, from the moment of subscribing."""
 
+    #: this listen continues one whose connection was lost, with nothing sent in between
+    #: missing (only a bus with a ``resume_window_s`` can say so; see ``Bus``)
+    resumed: bool = False
+
     @abc.abstractmethod
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 

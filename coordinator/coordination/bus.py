@@ -30,6 +30,10 @@ def inbox(instance_id: str) -> str:
 
 
 class Bus(abc.ABC):
+    #: how long after losing its connection a listen can still be resumed with nothing lost
+    #: (``Subscription.resumed``); 0: never — a lost listen may have lost envelopes (pub/sub)
+    resume_window_s: float = 0.0
+
     @abc.abstractmethod
     async def send(self, instance_id: str, payload: bytes) -> int:
         """Deliver to ``instance_id``'s inbox; how many listeners got it (0: nobody there)."""

@@ -145,11 +145,18 @@ class MemoryBus(Bus):
         self._listener_buffer = listener_buffer
         self._before_io = before_io
         self._last_ids: dict[str, int] = {}
+        #: the presence token of a durable listen that was lost, per instance id
+        self._lost_tokens: dict[str, int] = {}
         self._open: dict[str, MemoryInbox] = {}
         self._killed = False
 
     def __repr__(self) -> str:
         return f"MemoryBus(durable={self.durable})"
+
+    @property
+    def resume_window_s(self) -> float:  # type: ignore[override]
+        """As ``StreamsBus``: durable, a lost listen resumes until its presence lapses."""
+        return self.presence_ttl_s if self.durable else 0.0
 
     def last_delivered(self, instance_id: str) -> int | None:
         """Id of the last entry ``listen(instance_id)`` delivered (or started after)."""
@@ -224,28 +231,32 @@ class MemoryBus(Bus):
             self._leave_pubsub(instance_id, inbox)
             inbox.cut(lost=False)
 
-    def _start_after(self, instance_id: str) -> int:
+    def _start_after(self, instance_id: str) -> tuple[int, bool]:
         """Where a listen starts: after the last delivered entry, or at the inbox's current
-        end when this object never listened there (older entries were not meant for us)."""
+        end when this object never listened there (older entries were not meant for us).
+        And whether nothing after the last delivered entry can be missing (as StreamsBus)."""
         top = self.hub.last_id(instance_id)
         last = self._last_ids.get(instance_id)
         if last is None:
-            return top or ZERO
+            return top or ZERO, False
         if top is None or top < last:
-            return ZERO
-        return last
+            return ZERO, False
+        return last, self.hub.kept_everything_after(instance_id, last)
 
     # -- the durable listen's steps (``_DurableListen`` below) ------------------------------
 
     async def open_durable(self, instance_id: str) -> tuple[int, MemoryInbox]:
         """Start a durable listen: fix where it starts, then become present."""
         await self._io()
-        self._last_ids[instance_id] = self._start_after(instance_id)
+        start, gapless = self._start_after(instance_id)
+        self._last_ids[instance_id] = start
         # Present only once the start id is fixed: whatever is appended from now on comes
-        # after it.
-        token = self.hub.new_token()
-        self.hub.refresh(instance_id, token, self.presence_ttl_s, self.retention_s)
+        # after it. A re-listen after a lost one takes over its token (see StreamsBus).
+        lost_token = self._lost_tokens.pop(instance_id, None)
+        token = self.hub.new_token() if lost_token is None else lost_token
+        held = self.hub.refresh(instance_id, token, self.presence_ttl_s, self.retention_s)
         inbox = MemoryInbox(self, instance_id, 1)
+        inbox.resumed = lost_token is not None and held and gapless
         self._open[instance_id] = inbox
         return token, inbox
 
@@ -258,7 +269,9 @@ class MemoryBus(Bus):
         if self._open.get(instance_id) is inbox:
             del self._open[instance_id]
         inbox.cut(lost=lost)
-        if not lost and not self._killed:
+        if lost:
+            self._lost_tokens[instance_id] = token
+        elif not self._killed:
             self.hub.withdraw(instance_id, token)
 
     async def keep_present(self, instance_id: str, token: int) -> None:

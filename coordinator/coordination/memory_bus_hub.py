@@ -26,6 +26,8 @@ ZERO = 0
 class _Stream:
     entries: deque[tuple[int, bytes]] = field(default_factory=deque)
     deadline: float = 0.0
+    #: MAXLEN ever dropped an entry (Redis: fewer entries than ever added)
+    trimmed: bool = False
 
 
 @dataclass(slots=True)
@@ -96,13 +98,16 @@ class MemoryBusHub:
         self._tick()
         return instance_id in self._presence
 
-    def refresh(self, instance_id: str, token: int, ttl_s: float, retention_s: float) -> None:
-        """Set the presence (whoever held it) and push back the inbox's expiry."""
+    def refresh(self, instance_id: str, token: int, ttl_s: float, retention_s: float) -> bool:
+        """Set the presence (whoever held it) and push back the inbox's expiry. Whether the
+        presence already held ``token`` (it never lapsed)."""
         now = self._tick()
+        before = self._presence.get(instance_id)
         self._presence[instance_id] = _Presence(token, now + ttl_s)
         stream = self._streams.get(instance_id)
         if stream is not None:
             stream.deadline = now + retention_s
+        return before is not None and before.token == token
 
     def withdraw(self, instance_id: str, token: int) -> None:
         """Delete the presence if it is still ``token``'s (a newer listen's stays)."""
@@ -123,6 +128,7 @@ class MemoryBusHub:
         self._next_entry_id += 1
         while len(stream.entries) > maxlen:
             stream.entries.popleft()
+            stream.trimmed = True
         stream.deadline = now + retention_s
         self.wake(instance_id)
         return 1
@@ -131,6 +137,15 @@ class MemoryBusHub:
         self._tick()
         stream = self._streams.get(instance_id)
         return stream.entries[-1][0] if stream is not None and stream.entries else None
+
+    def kept_everything_after(self, instance_id: str, after: int) -> bool:
+        """Whether trimming left every entry after id ``after`` in the inbox (as StreamsBus
+        tells from Redis: never trimmed, or its oldest entry is not newer than ``after``)."""
+        self._tick()
+        stream = self._streams.get(instance_id)
+        if stream is None:
+            return False
+        return not stream.trimmed or bool(stream.entries) and stream.entries[0][0] <= after
 
     def next_entry(self, instance_id: str, after: int) -> tuple[int, bytes] | None:
         """The first entry after id ``after``, if any (trimmed entries are gone, as in Redis)."""

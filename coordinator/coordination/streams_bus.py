@@ -62,13 +62,36 @@ return 1
 )
 
 # KEYS[1] presence key, KEYS[2] stream; ARGV[1] token, ARGV[2] presence TTL ms,
-# ARGV[3] stream TTL ms.
+# ARGV[3] stream TTL ms. Returns 1 when the presence already held this token (it never lapsed,
+# so no sender was told that nobody listens), else 0.
 REFRESH = LuaScript(
     "streams_bus_refresh",
     b"""
+local held = redis.call('GET', KEYS[1]) == ARGV[1]
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return 1
+if held then return 1 end
+return 0
+""".strip(),
+)
+
+
+# KEYS[1] stream. Returns {} when it does not exist, else {newest id, oldest id, length,
+# entries ever added (-1 before Redis 7)}: one atomic look, so a trim cannot fall in between.
+STREAM_STATE = LuaScript(
+    "streams_bus_state",
+    b"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local state = {'0-0', '0-0', 0, -1}
+for i = 1, #info, 2 do
+  local name, value = info[i], info[i + 1]
+  if name == 'last-entry' and value then state[1] = value[1]
+  elseif name == 'first-entry' and value then state[2] = value[1]
+  elseif name == 'length' then state[3] = value
+  elseif name == 'entries-added' then state[4] = value end
+end
+return state
 """.strip(),
 )
 
@@ -146,9 +169,18 @@ class StreamsBus(Bus):
         self.read_count = read_count
         self.retention_s = retention_s
         self._last_ids: dict[str, EntryId] = {}
+        #: the presence token of a listen that was lost, per instance id, for its re-listen
+        self._lost_tokens: dict[str, bytes] = {}
 
     def __repr__(self) -> str:
         return f"StreamsBus({self._redis!r})"
+
+    @property
+    def resume_window_s(self) -> float:  # type: ignore[override]
+        """A lost listen's presence lapses ``presence_ttl_s`` after its last refresh at the
+        latest; a re-listen before that, on a stream that kept every entry after the last one
+        delivered, resumes with nothing lost."""
+        return self.presence_ttl_s
 
     def last_delivered(self, instance_id: str) -> str | None:
         """Id of the last entry ``listen(instance_id)`` delivered (or started after)."""
@@ -201,20 +233,27 @@ class StreamsBus(Bus):
     @asynccontextmanager
     async def _listen(self, instance_id: str) -> AsyncIterator[StreamInbox]:
         presence = listening_key(instance_id)
-        token = secrets.token_hex(8).encode()
+        # A re-listen after a lost one takes over its presence token: finding the presence
+        # still holding it proves no sender was told "nobody listens" in between.
+        lost_token = self._lost_tokens.pop(instance_id, None)
+        token = lost_token or secrets.token_hex(8).encode()
         async with self._redis.dedicated_connection(self._redis.redis_key(presence)) as connection:
-            self._last_ids[instance_id] = await self._start_after(instance_id)
+            start, gapless = await self._start_after(instance_id)
+            self._last_ids[instance_id] = start
             # Present only once the start id is fixed: whatever is appended from now on
             # comes after it.
-            await self._refresh(instance_id, token)
+            presence_held = await self._refresh(instance_id, token)
             inbox = StreamInbox(self, instance_id, connection)
+            inbox.resumed = lost_token is not None and presence_held and gapless
             keep_present = trio.CancelScope()
             self._redis.start_soon(self._keep_present, instance_id, token, keep_present)
             try:
                 yield inbox
             finally:
                 keep_present.cancel()
-                if not inbox.lost:
+                if inbox.lost:
+                    self._lost_tokens[instance_id] = token
+                else:
                     # Closed on purpose: senders learn at once that nobody listens. (After a
                     # lost connection the key expires by itself, so that what is sent until
                     # then waits for a re-listen.)
@@ -224,28 +263,33 @@ class StreamsBus(Bus):
                         except CoordinationUnavailable:
                             pass
 
-    async def _start_after(self, instance_id: str) -> EntryId:
+    async def _start_after(self, instance_id: str) -> tuple[EntryId, bool]:
         """Where a listen starts: after the last delivered entry, or at the stream's current
-        end when this object never listened there (older entries were not meant for us)."""
-        reply = await self._redis.execute(
-            "XREVRANGE", b"XREVRANGE", self._stream(instance_id), b"+", b"-", b"COUNT", 1
-        )
-        top = _parse_id(reply[0][0]) if reply else None
+        end when this object never listened there (older entries were not meant for us).
+        And whether nothing after the last delivered entry can be missing."""
+        state = await self._redis.run_script(STREAM_STATE, [self._stream(instance_id)], [])
+        top = _parse_id(state[0]) if state and int(state[2]) > 0 else None
         last = self._last_ids.get(instance_id)
         if last is None:
-            return top or ZERO
+            return top or ZERO, False
         if top is None or top < last:
             # The stream was recreated since (it expired, or Redis restarted without its
-            # data): every entry in it is new to us.
-            return ZERO
-        return last
+            # data): every entry in it is new to us, and what it held before is gone.
+            return ZERO, False
+        # MAXLEN trimming may have dropped entries never read: nothing is missing when the
+        # stream was never trimmed, or when its oldest entry is not newer than the last read.
+        never_trimmed = int(state[3]) == int(state[2])
+        return last, never_trimmed or _parse_id(state[1]) <= last
 
-    async def _refresh(self, instance_id: str, token: bytes) -> None:
-        await self._redis.run_script(
+    async def _refresh(self, instance_id: str, token: bytes) -> bool:
+        """Set the presence (and push back the stream's TTL); whether it already held
+        ``token``."""
+        held = await self._redis.run_script(
             REFRESH,
             [self._redis.redis_key(listening_key(instance_id)), self._stream(instance_id)],
             [token, self._ms(self.presence_ttl_s), self._ms(self.retention_s)],
         )
+        return bool(int(held))
 
     async def _keep_present(self, instance_id: str, token: bytes, scope: trio.CancelScope) -> None:
         with scope:

@@ -218,7 +218,7 @@ class InstanceMachine:
 
     def _receive(self, envelope: BusEnvelope, now: float) -> list[Effect]:
         if isinstance(envelope, BusChunk):
-            return self.requester.chunk(envelope)
+            return self.requester.chunk(envelope, now)
         if isinstance(envelope, BusAccepted):
             return self.requester.accepted(envelope)
         if isinstance(envelope, BusResult):

@@ -37,7 +37,7 @@ from coordinator.core.effects import (
     Reserve,
 )
 from coordinator.core.placement import NodeView, rank_candidates
-from coordinator.core.tracker import PendingTask, TaskTracker, Verdict
+from coordinator.core.tracker import MAX_STREAMED_CHARS, PendingTask, TaskTracker, Verdict
 from coordinator.errors import (
     AllNodesBusy,
     GemmaNetError,
@@ -92,6 +92,14 @@ def check_prompt_fits(prompt: str) -> None:
 
 def no_node_serves(model: str) -> NoNodeForModel:
     return NoNodeForModel(f"no online node serves model {model!r}", retry_after_s=5)
+
+
+#: chunk verdicts that fail the task (502), and why
+_STREAM_FAILURES = {
+    Verdict.OVERFLOW: "sent chunks too far out of order",
+    Verdict.TOO_LARGE: f"streamed more than {MAX_STREAMED_CHARS:,} characters, more than a"
+    " result can carry",
+}
 
 
 @dataclass
@@ -318,7 +326,7 @@ class Requester:
             request.accepted = True
         return []
 
-    def chunk(self, envelope: BusChunk) -> list[Effect]:
+    def chunk(self, envelope: BusChunk, now: float) -> list[Effect]:
         task_id = envelope.task_id
         verdict, deltas = self.tracker.on_chunk(
             task_id, envelope.conn_id, envelope.seq, envelope.delta
@@ -327,11 +335,13 @@ class Requester:
         request = self._requests.get(task_id)
         if verdict is Verdict.ACCEPTED and request is not None:
             request.started = request.accepted = True
-        if verdict is Verdict.OVERFLOW:
-            task = self.tracker.get(task_id)
-            node = task.node_id if task else "?"
-            error = NodeFailed(f"node {node} sent chunks too far out of order")
+        task = self.tracker.get(task_id)
+        if verdict in _STREAM_FAILURES and task is not None:
+            error = NodeFailed(f"node {task.node_id} {_STREAM_FAILURES[verdict]}")
             effects += self._finish(task_id, envelope.conn_id, FailedEvent(error))
+            # Nobody reads its output any more: the owner stops it on the node.
+            cancel = BusCancel(task_id=task_id, reason=error.code)
+            effects.append(Publish(task.owner_instance, cancel, now + CANCEL_GIVE_UP_S))
         return effects
 
     def result(self, envelope: BusResult, now: float) -> list[Effect]:

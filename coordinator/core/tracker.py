@@ -12,8 +12,15 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from protocol import MAX_OUTPUT_BYTES
+
 # Chunks that arrive ahead of a missing predecessor wait here (the bus may reorder).
 MAX_EARLY_CHUNKS = 256
+# The most a task may stream, in characters, waiting chunks included. A task's whole output
+# must fit in its final result (MAX_OUTPUT_BYTES of UTF-8, JSON-escaped, so at least as many
+# characters), so an honest node never reaches it; a node that streams more would otherwise grow
+# this instance's memory without bound behind a client that stops reading.
+MAX_STREAMED_CHARS = MAX_OUTPUT_BYTES
 # Remember this many finished task ids so late duplicates are told apart from strangers.
 RECENTLY_FINISHED = 10_000
 
@@ -24,6 +31,7 @@ class Verdict(enum.Enum):
     WRONG_SOURCE = "wrong_source"  # not the connection the task was assigned to
     UNKNOWN_TASK = "unknown_task"  # never pending here
     OVERFLOW = "overflow"  # too far ahead of the stream; the task fails
+    TOO_LARGE = "too_large"  # more output than a result can carry; the task fails
 
 
 @dataclass
@@ -37,6 +45,8 @@ class PendingTask:
     owner_incarnation: str = ""
     next_seq: int = 0
     early: dict[int, str] = field(default_factory=dict)
+    #: characters streamed so far, delivered or waiting in ``early``
+    streamed_chars: int = 0
 
 
 class TaskTracker:
@@ -94,6 +104,10 @@ class TaskTracker:
         if seq < task.next_seq or seq in task.early:
             self.dropped[Verdict.DUPLICATE] += 1
             return Verdict.DUPLICATE, []
+        task.streamed_chars += len(delta)
+        if task.streamed_chars > MAX_STREAMED_CHARS:
+            self.dropped[Verdict.TOO_LARGE] += 1
+            return Verdict.TOO_LARGE, []
         if seq > task.next_seq:
             if len(task.early) >= MAX_EARLY_CHUNKS:
                 self.dropped[Verdict.OVERFLOW] += 1

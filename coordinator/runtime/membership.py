@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import trio
 
@@ -33,13 +35,29 @@ from coordinator.core.registry import InstanceSnapshot
 from coordinator.errors import StartupRefused
 from coordinator.settings import Settings
 
-__all__ = ["FORGET_AFTER_S", "Membership"]
+__all__ = ["FORGET_AFTER_S", "MemberLiveness", "Membership"]
 
 log = logging.getLogger("gemmanet.membership")
 
 #: A member silent this long is removed from the registry (a dead peer's snapshot must not
 #: linger; far longer than any stall we ride out, so a paused Redis forgets nobody).
 FORGET_AFTER_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLiveness:
+    """One instance of the shared registry as this instance's last beat saw it (for operators:
+    the System Health page). ``live``: placement uses it; ``stale``: silent past the TTL by the
+    beat's reading, not yet judged; ``dead``: judged dead (or unreachable) and forgotten, listed
+    until the registry drops it (``FORGET_AFTER_S``)."""
+
+    instance_id: str
+    state: Literal["live", "stale", "dead"]
+    #: seconds since its last beat, on the backend's clock (0 for this instance's own)
+    last_beat_age_s: float
+    #: from its last snapshot; None when that is not trusted (stale or dead)
+    nodes: int | None
+    in_flight: int | None
 
 
 class Membership:
@@ -71,6 +89,8 @@ class Membership:
         # bring a killed peer back into the placement view and the API's lists for its TTL.
         self._forgotten: dict[str, float] = {}
         self._last_beats: dict[str, float] = {}
+        # Backend time of the last beat's read: ages in ``members`` are counted from it.
+        self._last_read_at: float | None = None
         self._dirty = trio.Event()
         #: each member's life (``InstanceSnapshot.incarnation``) as the judge's last read saw it
         self.incarnations: dict[str, str] = {}
@@ -154,6 +174,7 @@ class Membership:
         beats = {e.member: e.last_beat for e in view.entries}
         self._beat_view.observe(now=view.now, round_trip_s=round_trip_s, beats=beats)
         self._last_beats = beats
+        self._last_read_at = view.now
         self._forgotten = registry.still_forgotten(self._forgotten, beats)
         peers = {}
         for entry in view.entries:
@@ -172,6 +193,28 @@ class Membership:
     def peers(self) -> list[InstanceSnapshot]:
         """Last snapshots of the live peers, sorted by instance id, without this instance."""
         return [s for i, s in sorted(self._peers.items()) if i != self.me]
+
+    def members(self) -> list[MemberLiveness]:
+        """Every instance in the registry (this one included), sorted by instance id."""
+        now = self._last_read_at
+        own = self._snapshot()
+        found = [MemberLiveness(self.me, "live", 0.0, len(own.nodes), own.in_flight)]
+        for instance_id, last_beat in self._last_beats.items():
+            if instance_id == self.me or now is None:
+                continue
+            age = max(0.0, now - last_beat)
+            snapshot = self._peers.get(instance_id)
+            if snapshot is not None:
+                entry = MemberLiveness(
+                    instance_id, "live", age, len(snapshot.nodes), snapshot.in_flight
+                )
+            else:
+                state: Literal["stale", "dead"] = (
+                    "dead" if instance_id in self._forgotten else "stale"
+                )
+                entry = MemberLiveness(instance_id, state, age, None, None)
+            found.append(entry)
+        return sorted(found, key=lambda m: m.instance_id)
 
     def forget_peer(self, instance_id: str) -> None:
         """Stop placing on (and listing) ``instance_id`` until it beats again (it reached

@@ -11,6 +11,7 @@ from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Engine, make_url
 
 from .errors import StoreError, StoreUnavailable
+from .migrations import add_missing_columns
 from .schema import metadata
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,23 @@ POSTGRES_CONNECT_TIMEOUT_S = 5
 _SCHEMA_LOCK_ID = 0x67_6E_73_63  # "gnsc"
 
 
+SUPPORTED_BACKENDS = ("sqlite", "postgresql", "postgres")
+
+
 def normalize_url(url: str | URL) -> URL:
-    """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver."""
-    parsed = make_url(url)
+    """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver.
+    Anything but SQLite or PostgreSQL is refused in one line (the CLI prints StoreError so)."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise StoreError(
+            "GEMMANET_DATABASE_URL is not a database URL (sqlite:///PATH or postgresql://...)"
+        ) from None
+    if parsed.get_backend_name() not in SUPPORTED_BACKENDS:
+        raise StoreError(
+            f"GEMMANET_DATABASE_URL: unsupported database {parsed.get_backend_name()!r};"
+            " use sqlite:///PATH or postgresql://USER@HOST/DB"
+        )
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
@@ -80,7 +95,8 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def create_tables(engine: Engine, *, attempts: int = 3) -> None:
-    """Create missing tables and indexes; safe when several processes open one DB at once.
+    """Create missing tables and indexes, and add columns newer than an existing table
+    (``migrations``); safe when several processes open one DB at once.
 
     On PostgreSQL an advisory lock serialises creators. Elsewhere (and as a second line of
     defence) a creator that loses the race sees "already exists" or a unique violation in the
@@ -94,6 +110,7 @@ def create_tables(engine: Engine, *, attempts: int = 3) -> None:
                         sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_ID}
                     )
                 metadata.create_all(conn, checkfirst=True)
+                add_missing_columns(conn)
             return
         except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
             if attempt == attempts or not _is_creation_race(exc):

@@ -13,6 +13,8 @@ class ApiKey:
 
     key_id: str
     name: str
+    #: an operator key: may see node details (``gemmanet keys create --admin``)
+    admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)

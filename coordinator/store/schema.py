@@ -20,6 +20,9 @@ api_keys = sa.Table(
     # SHA-256 hex digest of the key; the plaintext is never stored.
     sa.Column("key_hash", sa.String(64), nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    # An operator key (``gemmanet keys create --admin``): sees node details on /system-health.
+    # Added after the first release: ``migrations.add_missing_columns`` adds it to older files.
+    sa.Column("is_admin", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ux_api_keys_key_hash", "key_hash", unique=True),
 )
 

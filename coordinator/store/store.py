@@ -148,11 +148,12 @@ class Store:
     # ------------------------------------------------------------------ API keys
 
     @_translate_errors
-    def create_api_key_sync(self, name: str) -> tuple[ApiKey, str]:
-        """Create a client API key. Returns the record and the plaintext key, shown only once."""
+    def create_api_key_sync(self, name: str, *, admin: bool = False) -> tuple[ApiKey, str]:
+        """Create a client API key (an operator key with ``admin``). Returns the record and the
+        plaintext key, shown only once."""
         check_key_name(name)
         plaintext = tokens.new_api_key()
-        record = ApiKey(key_id=tokens.new_key_id(), name=name)
+        record = ApiKey(key_id=tokens.new_key_id(), name=name, admin=admin)
         with self._transaction() as conn:
             conn.execute(
                 api_keys.insert().values(
@@ -160,9 +161,10 @@ class Store:
                     name=record.name,
                     key_hash=tokens.digest(plaintext),
                     created_at=self._wall_clock(),
+                    is_admin=admin,
                 )
             )
-        log.info("created API key %s (%s)", record.key_id, record.name)
+        log.info("created %sAPI key %s (%s)", "admin " if admin else "", record.key_id, name)
         return record, plaintext
 
     @_translate_errors
@@ -174,13 +176,13 @@ class Store:
     def _lookup_api_key(self, key_hash: str) -> ApiKey | None:
         with self._engine.connect() as conn:
             row = conn.execute(
-                sa.select(api_keys.c.key_id, api_keys.c.name, api_keys.c.key_hash).where(
-                    api_keys.c.key_hash == key_hash
-                )
+                sa.select(
+                    api_keys.c.key_id, api_keys.c.name, api_keys.c.key_hash, api_keys.c.is_admin
+                ).where(api_keys.c.key_hash == key_hash)
             ).first()
         if row is None or not tokens.digests_equal(row.key_hash, key_hash):
             return None
-        return ApiKey(key_id=row.key_id, name=row.name)
+        return ApiKey(key_id=row.key_id, name=row.name, admin=bool(row.is_admin))
 
     async def authenticate_api_key(self, plaintext: str) -> ApiKey | None:
         """The key's record, or None when it is unknown or malformed.

@@ -335,3 +335,46 @@ async def test_durable_resumes_after_the_last_delivered_entry(
     async with bus.listen("X") as inbox:
         assert await receive(inbox, 7) == [b"%d" % i for i in range(3, 10)]
         await assert_nothing_more(inbox)
+
+
+@only_durable
+async def test_durable_says_whether_a_relisten_resumed_with_nothing_missing(
+    bus_kind: BusKind, clock: object
+) -> None:
+    """Issue 13, item 10: the cluster keeps its remote tasks over a reader reconnect only when
+    the bus says the re-listen resumed: quickly enough that the presence never lapsed (no
+    sender was told nobody listens)."""
+    bus = bus_kind.bus
+    assert bus.resume_window_s == PRESENCE_TTL_S
+    async with bus.listen("X") as inbox:
+        assert not inbox.resumed  # a first listen resumes nothing
+        bus_kind.drop("X")
+        with pytest.raises(CoordinationUnavailable):
+            await receive(inbox, 1)
+    async with bus_kind.open_peer() as peer:
+        assert await peer.send("X", b"meanwhile") == 1
+    async with bus.listen("X") as inbox:
+        assert inbox.resumed
+        assert await receive(inbox, 1) == [b"meanwhile"]
+        bus_kind.drop("X")
+        with pytest.raises(CoordinationUnavailable):
+            await receive(inbox, 1)
+    await trio.sleep(PRESENCE_TTL_S + SLACK)  # the presence lapses: senders saw nobody
+    async with bus_kind.open_peer() as peer:
+        assert await peer.send("X", b"lost") == 0
+    async with bus.listen("X") as inbox:
+        assert not inbox.resumed
+    async with bus.listen("X") as inbox:
+        assert not inbox.resumed  # closed on purpose before: a fresh start, not a resume
+
+
+@only_pubsub
+async def test_pubsub_never_resumes(bus_kind: BusKind, clock: object) -> None:
+    bus = bus_kind.bus
+    assert bus.resume_window_s == 0
+    async with bus.listen("X") as inbox:
+        bus_kind.drop("X")
+        with pytest.raises(CoordinationUnavailable):
+            await receive(inbox, 1)
+    async with bus.listen("X") as inbox:
+        assert not inbox.resumed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.core.effects import ChunkEvent, DoneEvent, FailedEvent, MovedEvent
+from coordinator.core.tracker import MAX_STREAMED_CHARS
 from coordinator.errors import AllNodesBusy, NodeDisconnected, NoNodeForModel, TaskTimedOut
 from protocol import Chunk, Error, Heartbeat, Result
 from tests.coordinator.machine_harness import MachineCluster
@@ -316,3 +317,23 @@ def test_owner_killed_after_it_confirmed_the_assign_fails_the_task() -> None:
     cluster.kill("A")
     cluster.judge()
     assert outcome(cluster, "t1") == [("failed", NodeDisconnected.code)]
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_node_streaming_more_than_a_result_can_carry_fails_and_is_stopped(where: str) -> None:
+    """Issue 13, item 4: streamed output is bounded per task (waiting chunks included), so a
+    node streaming without end cannot grow the requester's memory behind a stalled client."""
+    cluster = MachineCluster("A", "B")
+    node = cluster.connect("A", "n1")
+    requester = "A" if where == "local" else "B"
+    cluster.submit(requester, "t1")
+    cluster.deliver()
+    piece = "x" * (MAX_STREAMED_CHARS // 4)
+    # An early chunk (seq 4, ahead of 0..3) counts as much as a delivered one.
+    for seq in (4, 0, 1, 2, 3):
+        cluster.node_says(node.conn_id, Chunk(task_id="t1", seq=seq, delta=piece))
+        cluster.deliver()
+    seen = outcome(cluster, "t1")
+    assert seen == [("chunk", piece)] * 3 + [("failed", "node_error")], seen[-1]
+    assert node.cancelled == ["t1"] and not node.running
+    assert cluster.machines[requester].dropped_answers()["too_large"] == 1

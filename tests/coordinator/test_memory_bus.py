@@ -115,3 +115,24 @@ async def _take(inbox: object, n: int):  # type: ignore[no-untyped-def]
             n -= 1
             if n == 0:
                 return
+
+
+async def test_a_durable_relisten_after_trimming_past_the_last_entry_read_is_not_resumed() -> None:
+    hub = MemoryBusHub(trio.current_time)
+    bus, peer = (MemoryBus(hub=hub, durable=True, maxlen=2) for _ in range(2))
+    for sent_meanwhile, resumed in ((1, True), (3, False)):
+        async with bus.listen("X") as inbox:
+            assert await peer.send("X", b"read") == 1
+            async for payload in inbox:
+                assert payload == b"read"
+                break
+            assert bus.drop("X")
+            with pytest.raises(CoordinationUnavailable):
+                await inbox.__aiter__().__anext__()
+        for i in range(sent_meanwhile):
+            assert await peer.send("X", b"%d" % i) == 1
+        async with bus.listen("X") as inbox:
+            # maxlen 2: one entry sent meanwhile keeps all; three drop one never read.
+            assert inbox.resumed is resumed
+        hub = MemoryBusHub(trio.current_time)
+        bus, peer = (MemoryBus(hub=hub, durable=True, maxlen=2) for _ in range(2))

@@ -131,3 +131,21 @@ async def test_works_again_after_redis_restarts(redis_server: RedisServer) -> No
         async with bus.listen("X") as inbox:
             assert await bus.send("X", b"after") == 1
             assert await receive(inbox, 1) == [b"after"]
+
+
+async def test_a_relisten_after_trimming_past_the_last_entry_read_is_not_resumed(
+    coordination: RedisCoordination, redis_server_session: RedisServer
+) -> None:
+    """MAXLEN trimmed entries that were never read: the re-listen cannot claim nothing is
+    missing, so the cluster fails the tasks whose answers may be among them."""
+    bus = StreamsBus(coordination, maxlen=1)
+    async with bus.listen("X") as inbox:
+        assert await bus.send("X", b"read") == 1
+        assert await receive(inbox, 1) == [b"read"]
+        kill_listener_connection(redis_server_session, coordination, "X")
+        with pytest.raises(CoordinationUnavailable):
+            await receive(inbox, 1)
+    for i in range(300):  # approximate trimming drops whole nodes of 100 entries
+        assert await bus.send("X", b"%d" % i) == 1
+    async with bus.listen("X") as inbox:
+        assert not inbox.resumed

@@ -233,3 +233,32 @@ def test_keys_create_refuses_an_empty_or_overlong_name(procs: Processes, name: s
     assert "gn_" not in done.stdout
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gemmanet: --name"), done.stderr
+
+
+def test_a_port_in_use_is_one_line(procs: Processes) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = procs.cli("serve", "--host", "127.0.0.1", "--port", str(port))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"gemmanet: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("foo://x/y", "unsupported database 'foo'"),
+        ("mysql://root@127.0.0.1/test", "unsupported database 'mysql'"),
+        ("not a url", "is not a database URL"),
+    ],
+)
+def test_an_unknown_database_scheme_is_one_line(procs: Processes, url: str, expected: str) -> None:
+    env = {**procs.env, "GEMMANET_DATABASE_URL": url}
+    for args in (["serve", "--port", str(free_port())], ["keys", "create", "--name", "x"]):
+        done = procs.cli(*args, env=env)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+        assert done.stderr.startswith("gemmanet: database: ") and expected in done.stderr

@@ -11,8 +11,9 @@ import httpx
 import pytest
 import trio
 
-from protocol import MAX_PROMPT_BYTES
+from protocol import MAX_PROMPT_BYTES, Assign, Cancel, Chunk
 from tests.fixtures.processes import Coordinator, Processes, wait_until
+from tests.fixtures.raw_node import raw_node
 
 pytestmark = pytest.mark.e2e
 
@@ -103,3 +104,63 @@ def test_largest_prompt_crosses_the_instance_bus(
     r = b.request(key, model="echo", prompt=prompt + "a")
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
     assert b.request(key, model="echo", prompt="still here").json()["output"] == "still here"
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_a_node_streaming_to_a_stalled_reader_cannot_grow_the_coordinator(
+    procs: Processes,
+) -> None:
+    """Issue 13, item 4: a client stops reading its stream while a node streams 32 MiB. A task
+    streams at most what its result could carry (~1 MiB): past that it fails (502
+    ``node_error`` as the stream's last event), the node is told to cancel, and the
+    coordinator's peak memory grows by a few MiB, not by what the node sent."""
+    coord = procs.coordinator()
+    token, key = procs.enroll("firehose"), procs.create_key("stalled")
+    piece, pieces = "z" * 65536, 512  # 32 MiB
+    async with raw_node(coord.url, "firehose", token) as node:
+        await trio.to_thread.run_sync(wait_until, lambda: coord.has_node("firehose"), "node")
+        peak_before = _peak_rss_mib(coord.proc.pid)
+        client = trio.socket.socket()
+        # A small receive buffer, so the kernel cannot absorb the stream for the client.
+        client.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        host, port = coord.url.removeprefix("http://").split(":")
+        await client.connect((host, int(port)))
+        body = b'{"model": "echo", "prompt": "go", "stream": true}'
+        await client.send(
+            b"POST /api/v1/request HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assign = await node.receive()
+        assert isinstance(assign, Assign), assign
+        cancelled = trio.Event()
+
+        async def watch_for_cancel() -> None:
+            envelope = await node.receive(timeout=60)
+            assert isinstance(envelope, Cancel) and envelope.task_id == assign.task_id
+            cancelled.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_for_cancel)
+            for seq in range(pieces):
+                await node.send(Chunk(task_id=assign.task_id, seq=seq, delta=piece))
+            await trio.sleep(1)  # the coordinator reads what is still in its socket buffer
+            grown = _peak_rss_mib(coord.proc.pid) - peak_before
+            assert grown < 16, f"peak RSS grew by {grown:.0f} MiB"
+            with trio.fail_after(20):
+                await cancelled.wait()
+        # The client, reading at last, gets what fitted and then the failure, in order.
+        received = b""
+        with trio.fail_after(20):
+            while b"event: error" not in received and b'"error"' not in received[-400:]:
+                received += await client.recv(1 << 20)
+        client.close()
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
+        assert b'"code":"node_error"' in received[-400:], received[-400:]
+        assert coord.healthy() and coord.has_node("firehose")  # the node was not disconnected

@@ -1,0 +1,55 @@
+"""The body of ``GET /api/v1/cluster``, what the System Health page polls.
+
+Kept apart from ``schemas`` (it only adds Structs) and documented in /openapi.json like every
+other response. Node details (``nodes``) are for operator keys only: any other key gets the
+instances' liveness and the aggregate counts, with ``nodes`` null.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from coordinator.api.schemas import NodeInfo, _Response
+
+
+class InstanceLiveness(_Response):
+    """One instance of the shared registry, as the answering instance's last beat saw it."""
+
+    instance_id: str
+    # live: requests are placed on it; stale: silent past the liveness TTL, not yet judged;
+    # dead: judged dead and forgotten (listed until the registry drops it, 60 s).
+    state: Literal["live", "stale", "dead"]
+    # True for the instance that answered this request.
+    answering: bool
+    # Seconds since its last beat, on the coordination store's clock.
+    last_beat_age_s: float
+    # From its last snapshot; null when that is not trusted (stale or dead).
+    nodes: int | None
+    in_flight: int | None
+
+
+class MonitorInfo(_Response):
+    """The elected monitor. No monitor exists in this version: ``monitor`` is always null."""
+
+    primary: str
+    epoch: int
+
+
+class ClusterResponse(_Response):
+    """Instances, aggregate counts and (operator keys only) node details."""
+
+    instance_id: str
+    version: str
+    # Unix seconds at which the answering instance built this answer.
+    generated_at: float
+    # Whether the key is an operator key (``gemmanet keys create --admin``).
+    admin: bool
+    instances: list[InstanceLiveness]
+    online_nodes: int
+    in_flight: int
+    # Requests waiting for capacity, per model and in total (null: the store cannot be read).
+    queued: dict[str, int] | None
+    queue_depth: int | None
+    monitor: MonitorInfo | None
+    # Every online node as in GET /api/v1/nodes; null unless ``admin``.
+    nodes: list[NodeInfo] | None
