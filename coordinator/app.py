@@ -15,6 +15,7 @@ from werkzeug.local import LocalProxy
 from coordinator import __version__, hypercorn_patches
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.metrics_http import install_metrics, serve_metrics
+from coordinator.api.openai_routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.api.system_health import register_system_health
@@ -114,6 +115,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     )
     install_error_handlers(app)
     register_routes(app)
+    register_openai_routes(app)
     register_system_health(app)
     install_metrics(app, settings)
 

@@ -5,6 +5,7 @@ error code and, where a node socket closes because of it, its close code.
     ├── SettingsError               500 invalid_settings     a configuration that cannot run
     ├── StartupRefused              503 startup_refused      this instance must not start
     ├── MalformedJson               400 malformed_json
+    ├── UnsupportedContent          400 unsupported_content  a chat message part that is not text
     ├── Unauthorized                401 unauthorized         (WWW-Authenticate)
     ├── Forbidden                   403 forbidden
     │   └── TaskForbidden*              forbidden            a task of another API key
@@ -67,6 +68,7 @@ __all__ = [
     "TooManyActive",
     "Unauthorized",
     "Unavailable",
+    "UnsupportedContent",
 ]
 
 
@@ -108,6 +110,12 @@ class StartupRefused(GemmaNetError):
 
 class MalformedJson(GemmaNetError):
     status, code = 400, "malformed_json"
+
+
+class UnsupportedContent(GemmaNetError):
+    """A chat message (OpenAI-compatible API) holds a part the prompt cannot carry (an image)."""
+
+    status, code = 400, "unsupported_content"
 
 
 class Unauthorized(GemmaNetError):

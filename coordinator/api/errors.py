@@ -30,6 +30,16 @@ _HTTP_MESSAGES = {
 }
 
 
+def http_error_code(status: int) -> str:
+    """The JSON error code of a Werkzeug HTTP error (also used by the OpenAI-compatible API)."""
+    return _HTTP_CODES.get(status, "http_error")
+
+
+def http_error_message(exc: HTTPException) -> str:
+    status = exc.code or 500
+    return _HTTP_MESSAGES.get(status, exc.description or http_error_code(status))
+
+
 def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(GemmaNetError)
     async def _ours(exc: GemmaNetError) -> Response:

@@ -140,6 +140,8 @@ async def test_every_response_matches_the_openapi_document(procs: Processes) -> 
     documented = {
         (template, method, status)
         for template, operations in doc["paths"].items()
+        # The OpenAI-compatible routes are provoked and checked in test_openai_failures.py.
+        if not template.startswith("/v1/")
         for method, operation in operations.items()
         for status in operation["responses"]
         if status != "500"
