@@ -63,6 +63,7 @@ from coordinator.errors import (
 from coordinator.runtime.admission import Admissions
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.bus_reader import read_inbox
+from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.membership import Membership
 from coordinator.runtime.node_facts import NodeFactsWriter
 from coordinator.runtime.node_link import NodeLink
@@ -144,6 +145,9 @@ class Instance:
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
         await refuse_a_running_id(self.bus, self.instance_id)
+        # Every task of the instance nursery logs with our id (several instances share one
+        # process in the simulator).
+        bind_log_ids(instance_id=self.instance_id)
         supervisor = self.supervisor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -203,6 +207,8 @@ class Instance:
             elif isinstance(effect, SendToNode):
                 link = self._links.get(effect.conn_id)
                 if link is not None:
+                    if isinstance(effect.envelope, Assign):
+                        self._log_assign(effect.conn_id, effect.envelope)
                     link.send_nowait(effect.envelope)
             elif isinstance(effect, Publish):
                 self._publish(effect)
@@ -224,6 +230,20 @@ class Instance:
                 self.admissions.wake_local(effect.model)
             elif isinstance(effect, NodeFactsChanged):
                 self.node_facts.changed(effect)
+
+    def _log_assign(self, conn_id: str, assign: Assign) -> None:
+        # Here (the owner's side) the task is not the context's: an assign may come from the
+        # bus on behalf of another instance's request.
+        if log.isEnabledFor(logging.DEBUG):
+            conn = self.nodes.by_conn(conn_id)
+            node_id = conn.node_id if conn is not None else None
+            log.debug(
+                "task %s sent to node %s (%s)",
+                assign.task_id,
+                node_id,
+                conn_id,
+                extra={"task_id": assign.task_id, "node_id": node_id},
+            )
 
     def _publish(self, effect: Publish) -> None:
         on_unreached = None
@@ -331,6 +351,15 @@ class Instance:
     def on_node_envelope(self, conn: NodeConnection, envelope: object) -> None:
         if isinstance(envelope, Error) and envelope.task_id is None:
             log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
+        elif isinstance(envelope, Error):
+            log.info(
+                "task %s failed on node %s: %s: %s",
+                envelope.task_id,
+                conn.node_id,
+                envelope.code,
+                envelope.message,
+                extra={"task_id": envelope.task_id, "node_id": conn.node_id},
+            )
         self.apply(self.machine.node_envelope(conn.conn_id, envelope, self.clock()))
 
     # -- the bus ----------------------------------------------------------------------------
@@ -369,6 +398,8 @@ class Instance:
         check_prompt_fits(prompt)
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
+        # The rest of this request logs with its task (and, once placed, its node).
+        bind_log_ids(task_id=task_id, node_id=None)
         now = self.clock()
         deadline = now + timeout
         assign = Assign(
@@ -389,6 +420,8 @@ class Instance:
             self._waiting.pop(task_id, None)
             raise queued_failure(receive) or NodeDisconnected(f"task {task_id} could not be placed")
         node_id, conn_id, owner = placement
+        bind_log_ids(node_id=node_id)
+        log.debug("task %s placed on node %s of instance %s", task_id, node_id, owner)
         return TaskHandle(
             task_id=task_id,
             node_id=node_id,
@@ -409,6 +442,14 @@ class Instance:
         if handle.outcome is not None:
             return
         handle.outcome = outcome
+        # A failure is worth a line at INFO; a success only at debug (one per request).
+        log.log(
+            logging.DEBUG if outcome == "ok" else logging.INFO,
+            "task %s ended: %s",
+            handle.task_id,
+            outcome,
+            extra={"task_id": handle.task_id, "node_id": handle.node_id},
+        )
         self._waiting.pop(handle.task_id, None)
         self.apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
         self.recorder.add(handle.record(self.instance_id, finished_at=self._wall_clock()))

@@ -34,6 +34,7 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from coordinator.runtime.log_context import bind_log_ids
 from protocol import (
     MAX_FRAME_BYTES,
     MAX_OUTPUT_BYTES,
@@ -190,6 +191,8 @@ class NodeAgent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, serve, reconnect; returns after a drain, raises AgentExit on 4000/4001."""
+        # Every line of this agent (and of its tasks) names its node (JSON logs).
+        bind_log_ids(node_id=self.config.node_id)
         task_status.started()
         attempt = 0
         while not self._drain_requested.is_set():
@@ -369,7 +372,11 @@ class NodeAgent:
             elif isinstance(envelope, Cancel):
                 scope = self._running.get(envelope.task_id)
                 if scope is not None:
-                    log.info("task %s cancelled by coordinator", envelope.task_id)
+                    log.info(
+                        "task %s cancelled by coordinator",
+                        envelope.task_id,
+                        extra={"task_id": envelope.task_id},
+                    )
                     scope.cancel()
             elif isinstance(envelope, Heartbeat):
                 pass
@@ -422,6 +429,7 @@ class NodeAgent:
         scope: trio.CancelScope,
         outbox: trio.MemorySendChannel[_Outbound],
     ) -> None:
+        bind_log_ids(task_id=assign.task_id)
         try:
             with scope:
                 await self._execute(assign, outbox)
