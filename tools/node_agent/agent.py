@@ -295,6 +295,14 @@ class NodeAgent:
             await ws.aclose(code, reason)
 
     async def _serve(self, ws: WebSocketConnection, welcome: Welcome) -> None:
+        # While connected, the lines of this connection and its tasks name the instance.
+        bind_log_ids(instance_id=welcome.instance_id)
+        try:
+            await self._serve_welcomed(ws, welcome)
+        finally:
+            bind_log_ids(instance_id=None)
+
+    async def _serve_welcomed(self, ws: WebSocketConnection, welcome: Welcome) -> None:
         interval = max(float(welcome.heartbeat_interval_s), 0.01)
         log.info(
             "connected to %s as node %s (instance %s, conn %s, heartbeat %.1f s)",
@@ -471,6 +479,7 @@ class NodeAgent:
                         parts.append(delta)
         except trio.TooSlowError:
             message = f"backend did not finish within {assign.timeout_s:g} s"
+            log.warning("task %s failed: %s", task_id, message)
             await outbox.send(
                 Error(task_id=task_id, code=TaskErrorCode.BACKEND_TIMEOUT, message=message)
             )
