@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
+from typing import TextIO
 
 from coordinator.errors import SettingsError
 from coordinator.log_redaction import RedactingFilter, register_secret
@@ -88,15 +89,17 @@ def json_logging_active() -> bool:
     )
 
 
-def configure_logging(*, verbose: bool = False, log_format: str = "text") -> None:
-    """Install the root handler on stderr: ``log_format`` (see ``log_format_from_env``),
+def configure_logging(
+    *, verbose: bool = False, log_format: str = "text", stream: TextIO | None = None
+) -> None:
+    """Install the root handler on ``stream`` (default stderr): ``log_format`` (see ``log_format_from_env``),
     DEBUG with ``verbose`` else INFO, secrets masked. Calling it again replaces its handler
     (and leaves handlers others installed, such as pytest's, alone)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, _GemmanetHandler):
             root.removeHandler(handler)
-    handler = _GemmanetHandler(sys.stderr)
+    handler = _GemmanetHandler(stream or sys.stderr)
     handler.setFormatter(
         JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     )
