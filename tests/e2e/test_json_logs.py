@@ -157,3 +157,18 @@ def test_every_line_is_json_with_ids_and_no_secret(
     # Debug level really was on (the check above means something): library lines are there.
     loggers = {str(e["logger"]) for lines in entries.values() for e in lines}
     assert {"hypercorn.access", "trio-websocket", "gemmanet.instance"} <= loggers, loggers
+
+
+def test_an_unknown_format_is_refused_with_one_line(procs: Processes) -> None:
+    done = procs.cli("serve", env={**procs.env, "GEMMANET_LOG_FORMAT": "xml"})
+    assert done.returncode == 2
+    assert done.stderr == "gemmanet: GEMMANET_LOG_FORMAT='xml' must be 'text' or 'json'\n"
+
+
+def test_a_start_up_refusal_is_a_json_line_in_json_mode(procs: Processes) -> None:
+    env = {**procs.env, "GEMMANET_LOG_FORMAT": "json", "GEMMANET_MULTI_INSTANCE": "1"}
+    done = procs.cli("serve", env=env)
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    entry = json.loads(line)
+    assert entry["level"] == "error" and "GEMMANET_REDIS_URL" in entry["msg"], entry
