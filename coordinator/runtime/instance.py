@@ -60,6 +60,7 @@ from coordinator.errors import (
     StartupRefused,
     StoreError,
 )
+from coordinator.runtime import task_log
 from coordinator.runtime.admission import Admissions
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.bus_reader import read_inbox
@@ -207,8 +208,10 @@ class Instance:
             elif isinstance(effect, SendToNode):
                 link = self._links.get(effect.conn_id)
                 if link is not None:
-                    if isinstance(effect.envelope, Assign):
-                        self._log_assign(effect.conn_id, effect.envelope)
+                    if isinstance(effect.envelope, Assign) and log.isEnabledFor(logging.DEBUG):
+                        conn = self.nodes.by_conn(effect.conn_id)
+                        node_id = conn.node_id if conn is not None else None
+                        task_log.task_sent(effect.envelope, node_id, effect.conn_id)
                     link.send_nowait(effect.envelope)
             elif isinstance(effect, Publish):
                 self._publish(effect)
@@ -230,20 +233,6 @@ class Instance:
                 self.admissions.wake_local(effect.model)
             elif isinstance(effect, NodeFactsChanged):
                 self.node_facts.changed(effect)
-
-    def _log_assign(self, conn_id: str, assign: Assign) -> None:
-        # Here (the owner's side) the task is not the context's: an assign may come from the
-        # bus on behalf of another instance's request.
-        if log.isEnabledFor(logging.DEBUG):
-            conn = self.nodes.by_conn(conn_id)
-            node_id = conn.node_id if conn is not None else None
-            log.debug(
-                "task %s sent to node %s (%s)",
-                assign.task_id,
-                node_id,
-                conn_id,
-                extra={"task_id": assign.task_id, "node_id": node_id},
-            )
 
     def _publish(self, effect: Publish) -> None:
         on_unreached = None
@@ -352,14 +341,7 @@ class Instance:
         if isinstance(envelope, Error) and envelope.task_id is None:
             log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
         elif isinstance(envelope, Error):
-            log.info(
-                "task %s failed on node %s: %s: %s",
-                envelope.task_id,
-                conn.node_id,
-                envelope.code,
-                envelope.message,
-                extra={"task_id": envelope.task_id, "node_id": conn.node_id},
-            )
+            task_log.task_failed_on_node(envelope, conn.node_id)
         self.apply(self.machine.node_envelope(conn.conn_id, envelope, self.clock()))
 
     # -- the bus ----------------------------------------------------------------------------
@@ -421,7 +403,7 @@ class Instance:
             raise queued_failure(receive) or NodeDisconnected(f"task {task_id} could not be placed")
         node_id, conn_id, owner = placement
         bind_log_ids(node_id=node_id)
-        log.debug("task %s placed on node %s of instance %s", task_id, node_id, owner)
+        task_log.task_placed(task_id, node_id, owner)
         return TaskHandle(
             task_id=task_id,
             node_id=node_id,
@@ -442,14 +424,7 @@ class Instance:
         if handle.outcome is not None:
             return
         handle.outcome = outcome
-        # A failure is worth a line at INFO; a success only at debug (one per request).
-        log.log(
-            logging.DEBUG if outcome == "ok" else logging.INFO,
-            "task %s ended: %s",
-            handle.task_id,
-            outcome,
-            extra={"task_id": handle.task_id, "node_id": handle.node_id},
-        )
+        task_log.task_ended(handle.task_id, handle.node_id, outcome)
         self._waiting.pop(handle.task_id, None)
         self.apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
         self.recorder.add(handle.record(self.instance_id, finished_at=self._wall_clock()))
