@@ -10,6 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from coordinator.errors import SettingsError, StartupRefused
+from coordinator.logging_setup import (
+    configure_logging,
+    json_logging_active,
+    log_format_from_env,
+    register_startup_secrets,
+)
 from coordinator.settings import Settings
 from coordinator.store import StoreError
 
@@ -17,14 +23,21 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _fail(message: str, code: int = 1) -> int:
-    print(f"gemmanet: {message}", file=sys.stderr)
+    if json_logging_active():  # every line of stderr stays JSON
+        logging.getLogger("gemmanet.cli").error(message)
+    else:
+        print(f"gemmanet: {message}", file=sys.stderr)
     return code
 
 
 def _serve(args: argparse.Namespace) -> int:
     from coordinator.server import serve
 
-    return serve(Settings.from_env(), host=args.host, port=args.port)
+    settings = Settings.from_env()
+    register_startup_secrets(
+        database_url=settings.database_url, redis_password_file=settings.redis_password_file
+    )
+    return serve(settings, host=args.host, port=args.port)
 
 
 def _keys_create(args: argparse.Namespace) -> int:
@@ -188,11 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        log_format = log_format_from_env()
+    except SettingsError as exc:
+        return _fail(str(exc), 2)
+    configure_logging(verbose=args.verbose, log_format=log_format)
     try:
         return int(args.handler(args))
     except SettingsError as exc:

@@ -17,6 +17,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from coordinator.app import create_app, run_instance
 from coordinator.core.liveness import FAILOVER_PROMISE_S
 from coordinator.errors import SettingsError, StartupRefused, StoreError
+from coordinator.runtime.log_context import bind_log_ids
 from coordinator.settings import Settings
 from protocol import MAX_FRAME_BYTES
 
@@ -26,7 +27,10 @@ def hypercorn_config(host: str, port: int) -> Config:
     config.bind = [f"{host}:{port}"]
     config.websocket_max_message_size = MAX_FRAME_BYTES
     config.graceful_timeout = 5.0
-    config.accesslog = None
+    # One access line per request only at debug level (-v): at INFO it would cost every
+    # request a formatted line. Either way it goes through the root handler's format.
+    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    config.accesslog = logging.getLogger("hypercorn.access") if debug else None
     # Hypercorn's own logger, handled by the root logger the CLI configures (a "-" target would
     # add a second handler and print every line twice).
     config.errorlog = logging.getLogger("hypercorn.error")
@@ -72,6 +76,8 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
     config = hypercorn_config(host, port)
 
     async def main() -> None:
+        # Every task of this process inherits it: Hypercorn's, the requests', the instance's.
+        bind_log_ids(instance_id=settings.instance_id)
         shutdown = trio.Event()
         watching = trio.CancelScope()
 

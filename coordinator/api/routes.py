@@ -4,6 +4,7 @@ can answer with (``_errors``), so /openapi.json describes what the API really re
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from coordinator.api.schemas import (
 )
 from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
 from coordinator.runtime.instance import Instance
+from coordinator.runtime.log_context import bind_log_ids, request_id_var
 from coordinator.runtime.task_handle import ChunkEvent, TaskHandle
 from coordinator.runtime.task_handle import DoneEvent as TaskDone
 from coordinator.store import ApiKey
@@ -96,6 +98,25 @@ def _sse(event: msgspec.Struct) -> bytes:
 
 
 def register_routes(app: Quart) -> None:
+    @app.before_request
+    async def bind_request_log_ids() -> None:
+        # Every line logged while this request is handled carries its id (and its instance's).
+        inst = current_app.config.get("GEMMANET_INSTANCE")
+        bind_log_ids(
+            request_id="r-" + secrets.token_hex(8),
+            instance_id=inst.instance_id if inst is not None else None,
+            task_id=None,
+            node_id=None,
+        )
+
+    @app.after_request
+    async def send_request_id(response: Response) -> Response:
+        # The same id in the answer, so a client's report can be matched with the logs.
+        request_id = request_id_var.get()
+        if request_id is not None:
+            response.headers["X-Request-Id"] = request_id
+        return response
+
     @app.get("/healthz")
     @document_response(HealthResponse)
     @_errors()

@@ -165,15 +165,7 @@ class Requester:
         request = self._requests.get(task_id)
         if request is None or request.attempt != attempt or request.lease is not None:
             return None
-        model = request.assign.model
-        serving = [
-            v
-            for v in self._views()
-            if model in v.models
-            and v.conn_id not in request.gone_conns
-            and v.instance_id not in request.gone_instances
-        ]
-        ranked = rank_candidates(serving, rng=self._rng, last=request.full)
+        ranked = rank_candidates(self._serving(request), rng=self._rng, last=request.full)
         return ranked[:MAX_CANDIDATES]
 
     def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:
@@ -255,6 +247,17 @@ class Requester:
             error = why if keep_why else no_node_serves(request.assign.model)
             return effects + self._fail(task_id, error)
         return [*effects, Reserve(task_id, request.attempt)]
+
+    def _serving(self, request: Request) -> list[NodeView]:
+        """The nodes that serve the request's model and are not known gone for it."""
+        model = request.assign.model
+        return [
+            v
+            for v in self._views()
+            if model in v.models
+            and v.conn_id not in request.gone_conns
+            and v.instance_id not in request.gone_instances
+        ]
 
     def _give_back_lease(self, request: Request) -> list[Effect]:
         """The request goes on elsewhere: its lease only is released."""
@@ -358,8 +361,13 @@ class Requester:
             and task is not None
             and task.conn_id == envelope.conn_id
         ):
-            # The node turned it down before producing anything: it never ran.
+            # The node turned it down before producing anything: it never ran. Another node
+            # may take it; once every node serving the model has turned it down, the client
+            # hears so now (503 with Retry-After) rather than at its deadline: a node busy
+            # with work the leases do not see would otherwise be offered it again and again.
             request.full.add(envelope.conn_id)
+            if all(v.conn_id in request.full for v in self._serving(request)):
+                return self._fail(task_id, error)
             return self._place_again(request, error, now)
         return self._finish(task_id, envelope.conn_id, FailedEvent(error))
 

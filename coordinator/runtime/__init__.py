@@ -15,4 +15,6 @@ rate_limit.py            the per-API-key rate limit, exact across instances
 admission.py             capacity leases and the shared admission queue: reserve, wait, release
 node_facts.py            our nodes' facts in the shared store (what leases are checked against)
 metrics.py               the instance's Prometheus metrics (its own registry) and what they mean
+log_context.py           the ids log lines carry (instance, task, node, request), in contextvars
+task_log.py              the log lines about one task, with its task and node ids
 """

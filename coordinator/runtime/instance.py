@@ -60,9 +60,11 @@ from coordinator.errors import (
     StartupRefused,
     StoreError,
 )
+from coordinator.runtime import task_log
 from coordinator.runtime.admission import Admissions
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.bus_reader import read_inbox
+from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.membership import Membership
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_facts import NodeFactsWriter
@@ -149,6 +151,9 @@ class Instance:
         except CoordinationUnavailable as exc:
             raise StartupRefused(f"cannot reach Redis at start: {exc}") from None
         await refuse_a_running_id(self.bus, self.instance_id)
+        # Every task of the instance nursery logs with our id (several instances share one
+        # process in the simulator).
+        bind_log_ids(instance_id=self.instance_id)
         supervisor = self.supervisor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -209,6 +214,10 @@ class Instance:
             elif isinstance(effect, SendToNode):
                 link = self._links.get(effect.conn_id)
                 if link is not None:
+                    if isinstance(effect.envelope, Assign) and log.isEnabledFor(logging.DEBUG):
+                        conn = self.nodes.by_conn(effect.conn_id)
+                        node_id = conn.node_id if conn is not None else None
+                        task_log.task_sent(effect.envelope, node_id, effect.conn_id)
                     link.send_nowait(effect.envelope)
             elif isinstance(effect, Publish):
                 self._publish(effect)
@@ -339,6 +348,8 @@ class Instance:
     def on_node_envelope(self, conn: NodeConnection, envelope: object) -> None:
         if isinstance(envelope, Error) and envelope.task_id is None:
             log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
+        elif isinstance(envelope, Error):
+            task_log.task_failed_on_node(envelope, conn.node_id)
         self.apply(self.machine.node_envelope(conn.conn_id, envelope, self.clock()))
 
     # -- the bus ----------------------------------------------------------------------------
@@ -394,6 +405,8 @@ class Instance:
         check_prompt_fits(prompt)
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
+        # The rest of this request logs with its task (and, once placed, its node).
+        bind_log_ids(task_id=task_id, node_id=None)
         now = self.clock()
         deadline = now + timeout
         assign = Assign(
@@ -414,6 +427,8 @@ class Instance:
             self._waiting.pop(task_id, None)
             raise queued_failure(receive) or NodeDisconnected(f"task {task_id} could not be placed")
         node_id, conn_id, owner = placement
+        bind_log_ids(node_id=node_id)
+        task_log.task_placed(task_id, node_id, owner)
         return TaskHandle(
             task_id=task_id,
             node_id=node_id,
@@ -436,6 +451,7 @@ class Instance:
         handle.outcome = outcome
         local = handle.owner_instance == self.instance_id
         self.metrics.task_ended(outcome, local=local, took_s=self.clock() - handle.began_at)
+        task_log.task_ended(handle.task_id, handle.node_id, outcome)
         self._waiting.pop(handle.task_id, None)
         self.apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
         self.recorder.add(handle.record(self.instance_id, finished_at=self._wall_clock()))

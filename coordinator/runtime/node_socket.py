@@ -13,6 +13,7 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.node_table import NodeConnection
+from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_link import NodeLink
 from coordinator.settings import Settings
@@ -56,6 +57,8 @@ def _reason(text: str) -> str:
 
 
 async def serve_node_socket(instance: NodeHost, socket: NodeSocket) -> None:
+    # This task serves one node: its lines carry the instance and (after hello) the node.
+    bind_log_ids(instance_id=instance.instance_id, request_id=None)
     await socket.accept()
     # The session refuses anything a node may not send in the current state (4002).
     session = NodeSession("coordinator")
@@ -108,6 +111,7 @@ async def _receive_hello(instance: NodeHost, socket: NodeSocket, session: NodeSe
         except ProtocolError as exc:
             raise _Closing(CloseCode.PROTOCOL_ERROR, str(exc)) from None
         assert isinstance(envelope, Hello)  # the session accepts nothing else first
+        bind_log_ids(node_id=envelope.node_id)
         if not await instance.store.verify_node_token(envelope.node_id, envelope.token):
             log.warning("node %s failed authentication", envelope.node_id)
             raise _Closing(

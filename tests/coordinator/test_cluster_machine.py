@@ -337,3 +337,24 @@ def test_a_node_streaming_more_than_a_result_can_carry_fails_and_is_stopped(wher
     assert seen == [("chunk", piece)] * 3 + [("failed", "node_error")], seen[-1]
     assert node.cancelled == ["t1"] and not node.running
     assert cluster.machines[requester].dropped_answers()["too_large"] == 1
+
+
+@pytest.mark.parametrize("code", ["node_busy", "node_draining"])
+def test_when_every_node_turned_the_task_down_it_is_503_at_once_not_a_timeout(code: str) -> None:
+    """A node may be busy with work the coordinator does not see (its leases say it has room):
+    once every node serving the model turned the task down, the request gets 503
+    all_nodes_busy (with Retry-After) at once instead of bouncing between them until its
+    deadline (504)."""
+    cluster = MachineCluster("A", "B")
+    first = cluster.connect("A", "n1", max_parallel=4)
+    second = cluster.connect("B", "n2", max_parallel=4)
+    cluster.submit("A", "t1")
+    cluster.deliver()
+    for _ in range(2):
+        where = next(n for n in (first, second) if "t1" in n.running)
+        cluster.node_says(where.conn_id, Error(task_id="t1", code=code, message="full"))
+        cluster.deliver()
+    seen = outcome(cluster, "t1")
+    assert seen[-1] == ("failed", AllNodesBusy.code), seen
+    assert len([s for s in seen if s[0] == "moved"]) == 1, seen
+    assert not first.running and not second.running and not cluster.in_flight

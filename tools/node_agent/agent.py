@@ -34,6 +34,7 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from coordinator.runtime.log_context import bind_log_ids
 from protocol import (
     MAX_FRAME_BYTES,
     MAX_OUTPUT_BYTES,
@@ -190,6 +191,8 @@ class NodeAgent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, serve, reconnect; returns after a drain, raises AgentExit on 4000/4001."""
+        # Every line of this agent (and of its tasks) names its node (JSON logs).
+        bind_log_ids(node_id=self.config.node_id)
         task_status.started()
         attempt = 0
         while not self._drain_requested.is_set():
@@ -292,6 +295,14 @@ class NodeAgent:
             await ws.aclose(code, reason)
 
     async def _serve(self, ws: WebSocketConnection, welcome: Welcome) -> None:
+        # While connected, the lines of this connection and its tasks name the instance.
+        bind_log_ids(instance_id=welcome.instance_id)
+        try:
+            await self._serve_welcomed(ws, welcome)
+        finally:
+            bind_log_ids(instance_id=None)
+
+    async def _serve_welcomed(self, ws: WebSocketConnection, welcome: Welcome) -> None:
         interval = max(float(welcome.heartbeat_interval_s), 0.01)
         log.info(
             "connected to %s as node %s (instance %s, conn %s, heartbeat %.1f s)",
@@ -369,7 +380,11 @@ class NodeAgent:
             elif isinstance(envelope, Cancel):
                 scope = self._running.get(envelope.task_id)
                 if scope is not None:
-                    log.info("task %s cancelled by coordinator", envelope.task_id)
+                    log.info(
+                        "task %s cancelled by coordinator",
+                        envelope.task_id,
+                        extra={"task_id": envelope.task_id},
+                    )
                     scope.cancel()
             elif isinstance(envelope, Heartbeat):
                 pass
@@ -422,6 +437,7 @@ class NodeAgent:
         scope: trio.CancelScope,
         outbox: trio.MemorySendChannel[_Outbound],
     ) -> None:
+        bind_log_ids(task_id=assign.task_id)
         try:
             with scope:
                 await self._execute(assign, outbox)
@@ -463,6 +479,7 @@ class NodeAgent:
                         parts.append(delta)
         except trio.TooSlowError:
             message = f"backend did not finish within {assign.timeout_s:g} s"
+            log.warning("task %s failed: %s", task_id, message)
             await outbox.send(
                 Error(task_id=task_id, code=TaskErrorCode.BACKEND_TIMEOUT, message=message)
             )

@@ -17,6 +17,10 @@ from functools import partial
 
 import trio
 
+from coordinator.errors import SettingsError
+from coordinator.log_redaction import register_secret
+from coordinator.logging_setup import configure_logging, json_logging_active, log_format_from_env
+from coordinator.runtime.log_context import bind_log_ids
 from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent
 from tools.node_agent.backends import make_backend
 from tools.node_agent.settings import (
@@ -127,13 +131,11 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
 
 
 def _configure_logging() -> None:
+    # `gemmanet node` has configured it already (GEMMANET_LOG_FORMAT, -v); `python -m
+    # tools.node_agent` has not.
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(
-            level=logging.INFO,
-            format="%(asctime)s gemmanet node %(levelname)s %(message)s",
-            stream=sys.stderr,
-        )
+        configure_logging(log_format=log_format_from_env())
 
 
 async def _watch_signals(agent: NodeAgent) -> None:
@@ -175,7 +177,10 @@ async def serve_node(settings: NodeSettings, *, handle_signals: bool = True) -> 
         with trio.CancelScope(shield=True), trio.move_on_after(2):
             await backend.aclose()
     if refused is not None:
-        print(f"gemmanet node: {refused.message}", file=sys.stderr, flush=True)
+        if json_logging_active():  # every line of stderr stays JSON
+            log.error(refused.message)
+        else:
+            print(f"gemmanet node: {refused.message}", file=sys.stderr, flush=True)
         return refused.exit_code
     return 0
 
@@ -187,7 +192,15 @@ def run_node(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"gemmanet node: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    _configure_logging()
+    try:
+        _configure_logging()
+    except SettingsError as exc:
+        print(f"gemmanet node: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    # Masked in every log line, whatever a library might print at debug level.
+    register_secret(settings.token)
+    register_secret(os.environ.get("OPENAI_API_KEY"))
+    bind_log_ids(node_id=settings.node_id)  # trio.run's tasks inherit it
     handle_signals = threading.current_thread() is threading.main_thread()
     return trio.run(partial(serve_node, settings, handle_signals=handle_signals))
 
