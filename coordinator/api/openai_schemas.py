@@ -77,6 +77,10 @@ class ChatCompletion(_Response, kw_only=True):
     """A finished chat completion. ``id`` is ``chatcmpl-`` + the task id, which rates the answer
     through ``POST /api/v1/tasks/{task_id}/rating``."""
 
+    __event_stream__ = (
+        'with "stream": true: `data: <chat.completion.chunk>` lines, then `data: [DONE]`'
+    )
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int

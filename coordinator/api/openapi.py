@@ -4,7 +4,8 @@ quart-schema 0.25 keeps only the first of the schema components msgspec returns 
 (``list(schema.values())[0]``), so a Struct that nests another (``ErrorResponse`` holds an
 ``ErrorDetail``) was documented with a dangling ``$ref``, and a model whose nested Struct sorts
 first was documented as that nested Struct. This provider keeps the model's own ``$ref`` and
-every component it needs.
+every component it needs. A response Struct with an ``__event_stream__`` attribute (a
+description) is documented as ``text/event-stream`` too, for routes that stream on request.
 """
 
 from __future__ import annotations
@@ -45,5 +46,16 @@ class StructOpenAPIProvider(OpenAPIProvider):
         schema, components = _schema(model)
         # ``__doc__`` itself, not inspect.getdoc: that would inherit msgspec.Struct's docstring.
         description = inspect.cleandoc(model.__doc__) if model.__doc__ else model.__name__
-        response = {"content": {"application/json": {"schema": schema}}, "description": description}
+        content: dict[str, Any] = {"application/json": {"schema": schema}}
+        events = getattr(model, "__event_stream__", None)
+        if events:
+            # The same route answers a stream (``"stream": true``) as server-sent events.
+            # Each event is described as OpenAPI 3.2 does (``data`` and friends of one event).
+            event = {
+                "type": "object",
+                "required": ["data"],
+                "properties": {"data": {"type": "string", "description": events}},
+            }
+            content["text/event-stream"] = {"schema": event}
+        response = {"content": content, "description": description}
         return response, components

@@ -51,6 +51,11 @@ class TaskResponse(_Response):
     node_id: str
     output: str
 
+    __event_stream__ = (
+        'with "stream": true: `data: {"delta"}` events, then `data: {"done": true, "task_id",'
+        ' "node_id", "output"}` or `data: {"error": {"code", "message", "status"}}`'
+    )
+
 
 class RatingResponse(_Response):
     task_id: str
