@@ -167,6 +167,10 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
             "GEMMANET_LEASE_TTL_S",
             lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
         ),
+        "telemetry_interval_s": (
+            "GEMMANET_TELEMETRY_INTERVAL_S",
+            lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
+        ),
     }
     values: dict[str, Any] = {}
     for field_name, (variable, parse) in parsers.items():
@@ -216,6 +220,9 @@ class Settings:
     max_active_per_key: int = 0
     residency_stale_s: float = 15.0
     lease_ttl_s: float = 30.0
+    # Host telemetry from heartbeats: at most one stored sample per node this often (the
+    # history keeps the last 60; README "Host telemetry").
+    telemetry_interval_s: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -14,4 +14,5 @@ single_instance_lock.py  who may start: the lock, the mode check, one live proce
 rate_limit.py            the per-API-key rate limit, exact across instances
 admission.py             capacity leases and the shared admission queue: reserve, wait, release
 node_facts.py            our nodes' facts in the shared store (what leases are checked against)
+node_telemetry.py        host telemetry from heartbeats: checked, paced, kept per node in the store
 """
