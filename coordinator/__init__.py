@@ -16,6 +16,7 @@ runtime/          the trio shell: node sockets, dispatch, membership, supervisio
 coordination/     shared coordination state (memory and Redis backends, with the exact
                   rate limiter) and the instance bus
 store/            the durable SQL store (API keys, node tokens, tasks, ratings)
+telemetry/        host telemetry samples: the sampler and ``gemmanet telemetry-agent``
 """
 
 __version__ = "0.1.0"

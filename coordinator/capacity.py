@@ -8,6 +8,7 @@ catalog that placement charges against each node's memory budget.
     [nodes."box-1"]
     max_parallel = 2         # overrides the node's --max-parallel
     vram_gb = 24             # overrides the node's --vram-gb (its memory budget)
+    telemetry_url = "http://box-1:9105/telemetry"   # its `gemmanet telemetry-agent`, for a monitor
 
 A model without a catalog entry is placed on the parallel budget alone; a node's parallelism is
 never inferred from its memory. Every instance should read the same file.
@@ -36,6 +37,8 @@ class ModelCost:
 class NodeBudget:
     max_parallel: int | None = None
     vram_gb: float | None = None
+    #: where the node's ``gemmanet telemetry-agent`` answers (read-only; never a budget)
+    telemetry_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,17 @@ def _number(where: str, table: dict[str, Any], name: str, maximum: float) -> flo
     return float(value)
 
 
+def _http_url(where: str, table: dict[str, Any], name: str) -> str | None:
+    value = table.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise SettingsError(f"{where}.{name} = {value!r} must be an http:// or https:// URL")
+    if any(ch.isspace() for ch in value) or len(value) > 2048:
+        raise SettingsError(f"{where}.{name} must be one URL without spaces")
+    return value
+
+
 def _table(where: str, value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SettingsError(f"{where} must be a table")
@@ -101,13 +115,14 @@ def parse_capacity(text: str, source: str = "the capacity file") -> Capacity:
     for node_id, raw in _table(f"{source}: [nodes]", data.get("nodes", {})).items():
         where = f'{source}: nodes."{node_id}"'
         entry = _table(where, raw)
-        _check_keys(where, entry, {"max_parallel", "vram_gb"})
+        _check_keys(where, entry, {"max_parallel", "vram_gb", "telemetry_url"})
         parallel = _number(where, entry, "max_parallel", MAX_PARALLEL)
         if parallel is not None and (parallel < 1 or parallel != int(parallel)):
             raise SettingsError(f"{where}.max_parallel must be a whole number of at least 1")
         nodes[node_id] = NodeBudget(
             max_parallel=None if parallel is None else int(parallel),
             vram_gb=_number(where, entry, "vram_gb", MAX_VRAM_GB),
+            telemetry_url=_http_url(where, entry, "telemetry_url"),
         )
     return Capacity(models=models, nodes=nodes)
 

@@ -99,6 +99,16 @@ def _sim(args: argparse.Namespace) -> int:
     return sim_main(args)
 
 
+def _telemetry_agent(args: argparse.Namespace) -> int:
+    from coordinator.telemetry.agent_server import run_telemetry_agent
+
+    if not 0.05 <= args.interval <= 3600:
+        return _fail("--interval must be between 0.05 and 3600 seconds", 2)
+    return run_telemetry_agent(
+        host=args.host, port=args.port, interval_s=args.interval, sysfs_root=args.sysfs_root
+    )
+
+
 def _not_yet(what: str) -> Handler:
     def handler(args: argparse.Namespace) -> int:
         return _fail(f"{what} is not available in this version yet (see the README's roadmap)", 2)
@@ -183,6 +193,27 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest = sub.add_parser("loadtest", help="the load profile of seed 000 section 4.1")
     add_loadtest_arguments(loadtest)
     loadtest.set_defaults(handler=_loadtest)
+
+    telemetry = sub.add_parser(
+        "telemetry-agent", help="serve this machine's CPU, memory and GPU telemetry as JSON"
+    )
+    telemetry.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    telemetry.add_argument("--port", type=int, default=9105, help="TCP port (default 9105)")
+    telemetry.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between samples; CPU busy is measured over it (default 1)",
+    )
+    telemetry.add_argument(
+        "--sysfs-root",
+        type=Path,
+        default=Path("/sys"),
+        metavar="DIR",
+        help="where to read the DRM GPU files (default /sys; tests use a recorded tree)",
+    )
+    telemetry.set_defaults(handler=_telemetry_agent)
 
     sim = sub.add_parser("sim", help="deterministic simulator: run, replay, sweep")
     add_sim_arguments(sim)

@@ -10,7 +10,8 @@ error code and, where a node socket closes because of it, its close code.
     ├── Forbidden                   403 forbidden
     │   └── TaskForbidden*              forbidden            a task of another API key
     ├── NotFound                    404 not_found
-    │   └── TaskNotFound*               task_not_found
+    │   ├── TaskNotFound*               task_not_found
+    │   └── UnknownNode                 unknown_node         no such node (telemetry)
     ├── Conflict                    409 conflict
     │   └── AlreadyRated*               already_rated
     ├── PayloadTooLarge             413 payload_too_large
@@ -68,6 +69,7 @@ __all__ = [
     "TooManyActive",
     "Unauthorized",
     "Unavailable",
+    "UnknownNode",
     "UnsupportedContent",
 ]
 
@@ -131,6 +133,12 @@ class Forbidden(GemmaNetError):
 
 class NotFound(GemmaNetError):
     status, code = 404, "not_found"
+
+
+class UnknownNode(NotFound):
+    """No such node: it is not online on any instance and has no telemetry history."""
+
+    status, code = 404, "unknown_node"
 
 
 class Conflict(GemmaNetError):

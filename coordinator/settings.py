@@ -176,6 +176,10 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         # /metrics on a port of its own (README "Metrics and the rollout check").
         "metrics_port": ("GEMMANET_METRICS_PORT", _port),
         "metrics_host": ("GEMMANET_METRICS_HOST", lambda n, v: v),
+        "telemetry_interval_s": (
+            "GEMMANET_TELEMETRY_INTERVAL_S",
+            lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
+        ),
     }
     values: dict[str, Any] = {}
     for field_name, (variable, parse) in parsers.items():
@@ -228,6 +232,9 @@ class Settings:
     # None: /metrics is a route of the API port; a port: served there only, on metrics_host.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # Host telemetry from heartbeats: at most one stored sample per node this often (the
+    # history keeps the last 60; README "Host telemetry").
+    telemetry_interval_s: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

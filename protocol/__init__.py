@@ -3,7 +3,8 @@
 Envelopes (frozen msgspec Structs, one class per message type) for the node WebSocket protocol
 and for the instance bus, their field limits (``constraints``), a versioned codec, the per-
 connection state machine ``NodeSession``, the ProtocolError hierarchy, and the codes that travel
-on the wire (``codes``: WebSocket close codes, task error codes). Nothing in this
+on the wire (``codes``: WebSocket close codes, task error codes), and the host telemetry
+sample a heartbeat may carry (``telemetry``). Nothing in this
 package does I/O or imports an event loop, so the coordinator, the node agent and the simulator
 all speak exactly the same bytes.
 """
@@ -61,6 +62,7 @@ from protocol.errors import (
     UnsupportedVersion,
 )
 from protocol.session import NodeSession, Role, SessionState
+from protocol.telemetry import TelemetrySample, encode_sample, parse_sample
 
 __all__ = [
     "BUSY_CODES",
@@ -105,12 +107,15 @@ __all__ = [
     "SessionState",
     "TaskErrorCode",
     "TaskFailure",
+    "TelemetrySample",
     "UnexpectedEnvelope",
     "UnsupportedVersion",
     "Welcome",
     "decode_bus",
     "decode_node",
     "encode",
+    "encode_sample",
     "is_identifier",
+    "parse_sample",
     "text_bytes",
 ]

@@ -76,6 +76,10 @@ class Heartbeat(_Envelope, tag="heartbeat", frozen=True, kw_only=True):
     #: node -> coordinator: the models loaded in memory now (None: the node does not say).
     #: Placement counts their resident size against the node's memory budget.
     resident: ResidentModels | None = None
+    #: node -> coordinator, optional: the host's telemetry sample (``protocol.telemetry``),
+    #: left unparsed here so that a bad sample is dropped by the coordinator
+    #: (``parse_sample``) without failing the heartbeat. Absent unless set (old peers ignore it).
+    telemetry: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 class Assign(_Envelope, tag="assign", frozen=True, kw_only=True):

@@ -226,6 +226,20 @@ class FaultyCoordination(Coordination):
         await self.passage()
         return await self.inner.queue_depths(models, rules)
 
+    async def append_telemetry(
+        self, node_id: str, sample: bytes, *, keep: int, ttl_s: float
+    ) -> None:
+        await self.passage()
+        await self.inner.append_telemetry(node_id, sample, keep=keep, ttl_s=ttl_s)
+
+    async def telemetry_history(self, node_id: str) -> list[bytes]:
+        await self.passage()
+        return await self.inner.telemetry_history(node_id)
+
+    async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
+        await self.passage()
+        return await self.inner.latest_telemetry(node_ids)
+
     async def presence_beat(
         self,
         registry: str,

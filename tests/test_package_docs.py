@@ -15,6 +15,7 @@ LISTED = [
     "coordinator/coordination",
     "coordinator/runtime",
     "coordinator/core",
+    "coordinator/telemetry",
     "sim",
 ]
 

@@ -22,6 +22,7 @@ from coordinator.api.schemas import (
     HealthResponse,
     NodeInfo,
     NodesResponse,
+    NodeTelemetryResponse,
     RatingRequest,
     RatingResponse,
     StatusResponse,
@@ -141,6 +142,17 @@ def register_routes(app: Quart) -> None:
         await authenticate()
         found = msgspec.convert(await instance().cluster_nodes(), list[NodeInfo])
         return json_response(NodesResponse(nodes=found))
+
+    @app.get("/api/v1/nodes/<node_id>/telemetry")
+    @security_scheme(_BEARER)
+    @document_response(NodeTelemetryResponse)
+    @_errors(401, 404, 503)
+    async def node_telemetry(node_id: str) -> Response:
+        """The node's host telemetry history (oldest first); 404 `unknown_node` when the node
+        is neither online nor has any."""
+        await authenticate()
+        samples = await instance().node_telemetry(node_id)
+        return json_response(NodeTelemetryResponse(node_id=node_id, samples=samples))
 
     @app.post("/api/v1/request")
     @security_scheme(_BEARER)

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from protocol.constraints import MAX_MODEL_NAME_LENGTH, MAX_TIMEOUT_S
+from protocol.telemetry import TelemetrySample
 
 # The limits of the Assign envelope the request becomes (protocol.constraints), except that a
 # model name is not checked for visible characters here: an unknown model is a 503, not a 422.
@@ -110,10 +111,19 @@ class NodeInfo(_Response):
     # they and the resident models use against ``vram_gb``, in GB.
     leases: int | None
     memory_in_use_gb: float | None
+    # The node's latest host telemetry sample from its heartbeats (README "Host telemetry"),
+    # as stored by its owner instance; None when it sent none (or the store cannot be read).
+    telemetry: TelemetrySample | None = None
 
 
 class NodesResponse(_Response):
     nodes: list[NodeInfo]
+
+
+class NodeTelemetryResponse(_Response):
+    node_id: str
+    #: oldest first, at most 60
+    samples: list[TelemetrySample]
 
 
 class ErrorDetail(_Response):

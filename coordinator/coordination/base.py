@@ -214,6 +214,23 @@ class Coordination(abc.ABC):
     async def queue_depths(self, models: Sequence[str], rules: AdmissionRules) -> dict[str, int]:
         """Requests waiting per model."""
 
+    # -- host telemetry (read-only for placement: nothing here changes a budget) ---------------
+
+    @abc.abstractmethod
+    async def append_telemetry(
+        self, node_id: str, sample: bytes, *, keep: int, ttl_s: float
+    ) -> None:
+        """Append ``sample`` to the node's history, keep its last ``keep`` samples, and let the
+        whole history expire ``ttl_s`` after this append, in one atomic step."""
+
+    @abc.abstractmethod
+    async def telemetry_history(self, node_id: str) -> list[bytes]:
+        """The node's samples, oldest first (empty when it has none)."""
+
+    @abc.abstractmethod
+    async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
+        """The newest sample of each node that has one, in one round trip."""
+
     # -- bus ----------------------------------------------------------------------------------
 
     @abc.abstractmethod

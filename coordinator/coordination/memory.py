@@ -182,6 +182,22 @@ class MemoryCoordination(Coordination):
         state = await self._enter()
         return state.leases.queue_depths(models, rules, state.now())
 
+    # -- host telemetry -------------------------------------------------------------------------
+
+    async def append_telemetry(
+        self, node_id: str, sample: bytes, *, keep: int, ttl_s: float
+    ) -> None:
+        state = await self._enter()
+        state.telemetry.append(node_id, sample, keep, ttl_s, state.now())
+
+    async def telemetry_history(self, node_id: str) -> list[bytes]:
+        state = await self._enter()
+        return state.telemetry.history(node_id, state.now())
+
+    async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
+        state = await self._enter()
+        return state.telemetry.latest(node_ids, state.now())
+
     # -- bus ----------------------------------------------------------------------------------
 
     async def publish(self, channel: str, payload: bytes) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from coordinator.coordination.base import PresenceView, RateDecision
 from coordinator.coordination.memory_leases import LeaseTables
 from coordinator.coordination.memory_presence import PresenceRegistries
+from coordinator.coordination.memory_telemetry import TelemetryHistories
 
 __all__ = ["MemoryState", "Sink"]
 
@@ -53,6 +54,8 @@ class MemoryState:
         self.presence = PresenceRegistries()
         #: capacity leases and admission queues (callers pass ``now()``)
         self.leases = LeaseTables(self.presence.alive)
+        #: host telemetry histories per node (callers pass ``now()``)
+        self.telemetry = TelemetryHistories()
         #: payloads lost because a subscriber's buffer was full
         self.dropped = 0
 

@@ -57,6 +57,7 @@ from coordinator.coordination.redis_scripts import (
     LuaScript,
 )
 from coordinator.coordination.redis_subscription import RedisSubscription
+from coordinator.coordination.redis_telemetry import RedisTelemetry
 
 __all__ = ["DedicatedConnection", "RedisCoordination", "RedisSubscription", "redact_url"]
 
@@ -80,7 +81,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "\\*?[]" else ch for ch in text)
 
 
-class RedisCoordination(RedisLeases, Coordination):
+class RedisCoordination(RedisLeases, RedisTelemetry, Coordination):
     """``Coordination`` shared by every instance that points at the same Redis and prefix."""
 
     kind = "redis"

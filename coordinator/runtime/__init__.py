@@ -17,4 +17,5 @@ node_facts.py            our nodes' facts in the shared store (what leases are c
 metrics.py               the instance's Prometheus metrics (its own registry) and what they mean
 log_context.py           the ids log lines carry (instance, task, node, request), in contextvars
 task_log.py              the log lines about one task, with its task and node ids
+node_telemetry.py        host telemetry from heartbeats: checked, paced, kept per node in the store
 """

@@ -16,6 +16,7 @@ The task tree of one instance::
     ├── Supervisor.refresh_ratings       node ratings from the store
     ├── Admissions.renew                 capacity leases of running tasks
     ├── NodeFactsWriter.run              our nodes' facts (what leases are checked against)
+    ├── NodeTelemetry.run                our nodes' heartbeat telemetry, paced, into the store
     └── serve_node (one per node)        a node WebSocket; stopping the instance closes it
 
 Stopping the instance cancels the whole tree, node sockets included.
@@ -59,6 +60,7 @@ from coordinator.errors import (
     NodeDisconnected,
     StartupRefused,
     StoreError,
+    UnknownNode,
 )
 from coordinator.runtime import task_log
 from coordinator.runtime.admission import Admissions
@@ -70,6 +72,7 @@ from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_facts import NodeFactsWriter
 from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.node_socket import NodeSocket, serve_node_in
+from coordinator.runtime.node_telemetry import NodeTelemetry
 from coordinator.runtime.ownership import Ownership
 from coordinator.runtime.rate_limit import check_rate_limit
 from coordinator.runtime.single_instance_lock import refuse_a_running_id
@@ -78,7 +81,17 @@ from coordinator.runtime.task_handle import TaskHandle, queued_failure
 from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
 from coordinator.store import Store
-from protocol import Assign, BusReplace, Error, Hello, ProtocolError, decode_bus, encode
+from protocol import (
+    Assign,
+    BusReplace,
+    Error,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    TelemetrySample,
+    decode_bus,
+    encode,
+)
 
 log = logging.getLogger("gemmanet.instance")
 
@@ -134,6 +147,7 @@ class Instance:
             self.instance_id, settings.capacity, coordination, self.machine.owner.nodes
         )
         self.membership.on_forgotten = self.node_facts.rewrite_all
+        self.telemetry = NodeTelemetry(coordination, interval_s=settings.telemetry_interval_s)
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
@@ -168,6 +182,7 @@ class Instance:
             nursery.start_soon(supervisor.refresh_ratings)
             nursery.start_soon(self.admissions.renew)
             nursery.start_soon(self.node_facts.run)
+            nursery.start_soon(self.telemetry.run)
             task_status.started()
 
     async def leave(self) -> None:
@@ -350,6 +365,8 @@ class Instance:
             log.warning("node %s reports %s: %s", conn.node_id, envelope.code, envelope.message)
         elif isinstance(envelope, Error):
             task_log.task_failed_on_node(envelope, conn.node_id)
+        elif isinstance(envelope, Heartbeat):
+            self.telemetry.offer(conn.node_id, envelope.telemetry)
         self.apply(self.machine.node_envelope(conn.conn_id, envelope, self.clock()))
 
     # -- the bus ----------------------------------------------------------------------------
@@ -515,4 +532,23 @@ class Instance:
             usage = {n: (u.leases, u.memory_gb) for n, u in found.items()}
         except CoordinationUnavailable as exc:
             log.warning("nodes: cannot read the capacity leases: %s", exc)
-        return cluster_view.node_infos(self.machine, usage)
+        infos = cluster_view.node_infos(self.machine, usage)
+        latest = await self.telemetry.latest([str(info["node_id"]) for info in infos]) or {}
+        for info in infos:
+            info["telemetry"] = latest.get(str(info["node_id"]))
+        return infos
+
+    async def node_telemetry(self, node_id: str) -> list[TelemetrySample]:
+        """The node's telemetry history, oldest first. Raises UnknownNode when the node is
+        neither online anywhere nor has a history; CoordinationDown when the store is out of
+        reach."""
+        try:
+            samples = await self.telemetry.history(node_id)
+        except CoordinationUnavailable as exc:
+            log.warning("telemetry of node %s: %s", node_id, exc)
+            raise CoordinationDown(
+                "the telemetry cannot be read for the moment; retry after the Retry-After delay"
+            ) from None
+        if not samples and node_id not in {v.node_id for v in self.machine.views()}:
+            raise UnknownNode(f"no node {node_id!r} is online or has telemetry")
+        return samples

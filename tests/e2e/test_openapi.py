@@ -22,12 +22,14 @@ pytestmark = pytest.mark.e2e
 
 REQUEST = "/api/v1/request"
 RATING = "/api/v1/tasks/{task_id}/rating"
+TELEMETRY = "/api/v1/nodes/{node_id}/telemetry"
 # Documented but not provoked here: an unexpected error (500) on any route, and the store being
 # unreachable mid-run (503) on routes whose only 503 comes from the database.
 UNPROVOKED = {
     ("/api/v1/nodes", "get", "503"),
     (RATING, "post", "503"),
     ("/api/v1/cluster", "get", "503"),
+    (TELEMETRY, "get", "503"),
 }
 RATE = 4  # requests per minute per key: the 429 probe exhausts it on its own key
 
@@ -86,6 +88,9 @@ async def provoke_everything(procs: Processes, coord: Coordinator, calls: Record
         await calls.send("GET", "/api/v1/cluster")  # 401
         await calls.send("GET", "/api/v1/cluster", key=key)  # 200 without node details
         await calls.send("GET", "/api/v1/cluster", key=procs.create_key("ops", admin=True))
+        await calls.send("GET", TELEMETRY, TELEMETRY.format(node_id="a"), key=key)  # 200
+        await calls.send("GET", TELEMETRY, TELEMETRY.format(node_id="a"))  # 401
+        await calls.send("GET", TELEMETRY, TELEMETRY.format(node_id="nobody"), key=key)  # 404
         done = await calls.send("POST", REQUEST, key=key, json=ok_body)
         assert done.status_code == 200, done.text
         await calls.send("POST", REQUEST, key=procs.create_key(), content=b'{"model": ')  # 400

@@ -27,10 +27,13 @@ from protocol import (
     MalformedEnvelope,
     NodeEnvelope,
     ProtocolError,
+    TelemetrySample,
     UnsupportedVersion,
     decode_bus,
     decode_node,
     encode,
+    encode_sample,
+    parse_sample,
     text_bytes,
 )
 from tests.protocol.strategies import (
@@ -83,6 +86,37 @@ def test_encoded_envelopes_carry_type_and_version() -> None:
         "in_flight": 2,
         "resident": None,  # a node that does not say which models it has loaded
     }
+
+
+# --- the heartbeat's optional telemetry field (protocol/telemetry.py) ---------------------------
+
+
+def test_a_heartbeat_carries_a_telemetry_sample() -> None:
+    sample = TelemetrySample(at=1700000000.25, cpu_busy=0.5, vram_total_gb=16.0)
+    beat = Heartbeat(in_flight=1, telemetry=msgspec.Raw(encode_sample(sample)))
+    decoded = decode_node(encode(beat))
+    assert decoded == beat
+    assert isinstance(decoded, Heartbeat) and not isinstance(decoded.telemetry, msgspec.UnsetType)
+    assert parse_sample(decoded.telemetry) == sample
+
+
+def test_without_telemetry_a_heartbeat_is_what_old_peers_send() -> None:
+    # Not sent at all when unset: an old coordinator sees the heartbeat it always saw, and an
+    # old agent's heartbeat (no field) decodes as "no telemetry".
+    assert b"telemetry" not in encode(Heartbeat(in_flight=3))
+    old = decode_node(b'{"type": "heartbeat", "v": 1, "in_flight": 3, "resident": null}')
+    assert isinstance(old, Heartbeat) and old.telemetry is msgspec.UNSET
+
+
+@pytest.mark.parametrize(
+    "junk", [b'"junk"', b"[1, 2]", b'{"at": 1, "cpu_busy": 1e308}', b"null", b"123"]
+)
+def test_junk_telemetry_does_not_fail_the_heartbeat(junk: bytes) -> None:
+    # The envelope stays valid (the heartbeat counts); the coordinator drops the sample.
+    data = b'{"type": "heartbeat", "v": 1, "in_flight": 0, "telemetry": ' + junk + b"}"
+    beat = decode_node(data)
+    assert isinstance(beat, Heartbeat) and not isinstance(beat.telemetry, msgspec.UnsetType)
+    assert parse_sample(beat.telemetry) is None
 
 
 @ROUND_TRIP

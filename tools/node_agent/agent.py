@@ -5,7 +5,7 @@ Lifetimes nest like this::
     NodeAgent.run                  reconnect loop (exponential backoff, full jitter)
       one connection               hello -> welcome, then a nursery of:
         _sender                    the only writer of the socket (frames never interleave)
-        _heartbeats                Heartbeat(in_flight) every heartbeat_interval_s
+        _heartbeats                Heartbeat(in_flight, resident, telemetry) every heartbeat_interval_s
         _drain_watch               on drain: wait for running tasks, then close with 1000
         _run_task (one per task)   own CancelScope, bounded by the task's timeout_s
         _receive_loop              the body; a silent coordinator (3 intervals) ends it
@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
+import msgspec
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -53,6 +55,7 @@ from protocol import (
     encode,
     text_bytes,
 )
+from protocol.telemetry import TelemetrySample, encode_sample
 from tools.node_agent.backends import Backend, BackendError
 from tools.node_agent.stats import NodeStats
 
@@ -145,8 +148,17 @@ _Outbound = Heartbeat | Chunk | Result | Error | _CloseRequest
 class NodeAgent:
     """Serves tasks from one coordinator until drained (returns) or refused (AgentExit)."""
 
-    def __init__(self, config: AgentConfig, backend: Backend, *, rng: random.Random) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: Backend,
+        *,
+        rng: random.Random,
+        telemetry: Callable[[], TelemetrySample | None] | None = None,
+    ) -> None:
         self.config = config
+        # The host's latest telemetry sample, sent in every heartbeat (None: send none).
+        self._telemetry = telemetry
         self.backend = backend
         self._rng = rng
         self._running: dict[str, trio.CancelScope] = {}
@@ -348,7 +360,11 @@ class NodeAgent:
             resident = None
             with trio.move_on_after(interval / 2):
                 resident = await self.backend.resident(self.config.models)
-            await outbox.send(Heartbeat(in_flight=len(self._running), resident=resident))
+            sample = self._telemetry() if self._telemetry is not None else None
+            telemetry = msgspec.Raw(encode_sample(sample)) if sample is not None else msgspec.UNSET
+            await outbox.send(
+                Heartbeat(in_flight=len(self._running), resident=resident, telemetry=telemetry)
+            )
 
     async def _receive_loop(
         self,

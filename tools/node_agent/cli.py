@@ -14,6 +14,8 @@ import signal
 import sys
 import threading
 from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -32,6 +34,9 @@ from tools.node_agent.settings import (
     NodeSettings,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    from coordinator.telemetry.sampler import LiveTelemetry
 
 EXIT_USAGE = 2
 TOKEN_ENV = "GEMMANET_NODE_TOKEN"
@@ -105,6 +110,19 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         f"and exit 0 (default {DEFAULT_DRAIN_S:g}; a second signal cuts it short)",
     )
     parser.add_argument(
+        "--telemetry-interval",
+        default="2",
+        metavar="S",
+        help="sample this host's CPU, memory and GPUs every S seconds and send the latest "
+        "sample in each heartbeat; 0 sends none (default 2)",
+    )
+    parser.add_argument(
+        "--telemetry-sysfs-root",
+        default="/sys",
+        metavar="DIR",
+        help="where to read the DRM GPU files (default /sys)",
+    )
+    parser.add_argument(
         "--seed",
         default=None,
         metavar="N",
@@ -145,7 +163,27 @@ async def _watch_signals(agent: NodeAgent) -> None:
             agent.request_drain()
 
 
-async def serve_node(settings: NodeSettings, *, handle_signals: bool = True) -> int:
+def telemetry_from_args(args: argparse.Namespace) -> LiveTelemetry | None:
+    """The host telemetry the agent sends, or None (``--telemetry-interval 0``)."""
+    raw = str(getattr(args, "telemetry_interval", "0"))
+    try:
+        interval = float(raw)
+    except ValueError:
+        raise UsageError(f"--telemetry-interval: not a number: {raw!r}") from None
+    if interval == 0:
+        return None
+    if not 0.05 <= interval <= 3600:
+        raise UsageError("--telemetry-interval must be 0 or between 0.05 and 3600 seconds")
+    # Imported here: psutil and the GPU readers are only needed by an agent that samples.
+    from coordinator.telemetry.sampler import LiveTelemetry, Sampler
+
+    root = Path(getattr(args, "telemetry_sysfs_root", "/sys"))
+    return LiveTelemetry(Sampler(sysfs_root=root), interval)
+
+
+async def serve_node(
+    settings: NodeSettings, *, handle_signals: bool = True, telemetry: LiveTelemetry | None = None
+) -> int:
     """Run one agent until it drains (0) or is refused (3, 4); prints why on stderr."""
     seed = settings.seed if settings.seed is not None else random.SystemRandom().getrandbits(64)
     # One generator per subsystem, so echo latency draws do not shift the reconnect jitter.
@@ -162,12 +200,15 @@ async def serve_node(settings: NodeSettings, *, handle_signals: bool = True) -> 
         ),
         backend,
         rng=random.Random(f"{seed}:reconnect"),
+        telemetry=None if telemetry is None else (lambda: telemetry.latest),
     )
     refused: AgentExit | None = None
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(_watch_signals, agent)
+            if telemetry is not None:
+                nursery.start_soon(telemetry.run)
             try:
                 await agent.run()
             except AgentExit as exc:
@@ -189,6 +230,7 @@ def run_node(args: argparse.Namespace) -> int:
     """Blocking entry point of ``gemmanet node``; returns the process exit code."""
     try:
         settings = settings_from_args(args)
+        telemetry = telemetry_from_args(args)
     except UsageError as exc:
         print(f"gemmanet node: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
@@ -202,7 +244,9 @@ def run_node(args: argparse.Namespace) -> int:
     register_secret(os.environ.get("OPENAI_API_KEY"))
     bind_log_ids(node_id=settings.node_id)  # trio.run's tasks inherit it
     handle_signals = threading.current_thread() is threading.main_thread()
-    return trio.run(partial(serve_node, settings, handle_signals=handle_signals))
+    return trio.run(
+        partial(serve_node, settings, handle_signals=handle_signals, telemetry=telemetry)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
