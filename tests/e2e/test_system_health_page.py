@@ -11,7 +11,6 @@ Set ``GEMMANET_SYSTEM_HEALTH_SCREENSHOT=docs/img/system-health.png`` to keep a s
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -80,23 +79,53 @@ def node_rows(page: Any) -> dict[str, str]:
     }
 
 
+#: gpu-a1's GPU, a recorded AMD sysfs tree its agent reads like the kernel's (GB of 10^9 bytes)
+VRAM_TOTAL, GTT_TOTAL = 24e9, 32e9
+
+
+def set_gpu(root: Path, vram_used: float, gtt_used: float) -> None:
+    """What gpu-a1's card reports from now on (its agent reads the files at every sample)."""
+    device = root / "class" / "drm" / "card0" / "device"
+    device.mkdir(parents=True, exist_ok=True)
+    files = {
+        "gpu_busy_percent": 50,
+        "mem_info_vram_used": vram_used,
+        "mem_info_vram_total": VRAM_TOTAL,
+        "mem_info_gtt_used": gtt_used,
+        "mem_info_gtt_total": GTT_TOTAL,
+    }
+    for name, value in files.items():
+        (device / f"{name}.new").write_text(f"{int(value)}\n")
+        (device / f"{name}.new").replace(device / name)  # never a half-written file
+
+
 @pytest.fixture
-def cluster(procs: Processes, redis_server: Any) -> tuple[Processes, Coordinator, Coordinator]:
-    shared = procs.share_redis(redis_server, f"health{os.getpid()}")
+def cluster(
+    procs: Processes, redis_server: Any, tmp_path: Path
+) -> tuple[Processes, Coordinator, Coordinator, Path]:
+    # Telemetry stored every 0.2 s instead of 5 s, so the charts fill within the test.
+    shared = procs.share_redis(
+        redis_server, f"health{os.getpid()}", GEMMANET_TELEMETRY_INTERVAL_S="0.2"
+    )
     a, b = shared.two_instances()
-    # Started together (each agent is a process of its own), then awaited together.
+    sysfs = tmp_path / "sysfs"
+    set_gpu(sysfs, 10e9, 2e9)
+    # Started together (each agent is a process of its own), then awaited together. Only
+    # gpu-a1 sends telemetry (from its recorded GPU); the others send none.
+    quiet = ("--telemetry-interval", "0")
+    gpu = ("--telemetry-interval", "0.2", "--telemetry-sysfs-root", str(sysfs))
     for node_id in NODES_A:
-        extra = ("--max-parallel", "2", "--vram-gb", "24")
+        extra = ("--max-parallel", "2", "--vram-gb", "24", *(gpu if node_id == "gpu-a1" else quiet))
         shared.node(a, node_id, extra=extra, wait_online=False)
     for node_id in NODES_B:
-        shared.node(b, node_id, extra=("--max-parallel", "4"), wait_online=False)
+        shared.node(b, node_id, extra=("--max-parallel", "4", *quiet), wait_online=False)
     everyone = {*NODES_A, *NODES_B}
     wait_until(lambda: {n["node_id"] for n in b.nodes()} == everyone, "every node online")
-    return shared, a, b
+    return shared, a, b, sysfs
 
 
 def test_system_health_page_in_chromium(cluster: Any, browser: Any) -> None:
-    shared, a, b = cluster
+    shared, a, b, sysfs = cluster
     sync_api = pytest.importorskip("playwright.sync_api")
     expect = sync_api.expect
     operator = Page(browser, b)
@@ -115,7 +144,7 @@ def test_system_health_page_in_chromium(cluster: Any, browser: Any) -> None:
 
     # A node joining after the page loaded shows up without a reload (the marker survives).
     page.evaluate("window.__loadedOnce = true")
-    shared.node(a, LATE)
+    shared.node(a, LATE, extra=("--telemetry-interval", "0"))
     expect(page.locator(f'#nodes tr[data-node-id="{LATE}"]')).to_have_count(1, timeout=WAIT_MS)
     assert node_rows(page)[LATE] == "A"
     assert page.evaluate("window.__loadedOnce") is True
@@ -141,55 +170,32 @@ def test_system_health_page_in_chromium(cluster: Any, browser: Any) -> None:
         assert node_id not in dom, node_id
     assert plain_page.locator("#telemetry .card").count() == 0
 
-    charts_with_samples(browser, b, operator)
+    charts_with_samples(browser, b, operator, sysfs)
     for seen in (operator, plain):
         assert seen.errors == [], seen.errors
 
 
-def charts_with_samples(browser: Any, coord: Coordinator, operator: Page) -> None:
-    """Samples of the agreed telemetry shape are drawn: one line in the VRAM chart, another in
-    the GTT chart, and their sum only as text. This branch's coordinator has no telemetry yet,
-    so the browser adds samples to the real answers (``telemetry`` on one node, and the
-    history endpoint) on their way in."""
-    samples = [
-        {
-            "at": 1_800_000_000.0 + i,
-            "cpu_busy": 0.25,
-            "memory_used_gb": 12.0,
-            "memory_total_gb": 64.0,
-            "gpu_busy": 0.5,
-            "vram_used_gb": 10.0 + i,
-            "vram_total_gb": 24.0,
-            "gtt_used_gb": 2.0 + i / 2,
-            "gtt_total_gb": 32.0,
-        }
-        for i in range(6)
-    ]
-
-    def with_telemetry(route: Any) -> None:
-        response = route.fetch()
-        body = response.json()
-        for node in body.get("nodes") or []:
-            node["telemetry"] = samples[-1] if node["node_id"] == "gpu-a1" else None
-        route.fulfill(response=response, body=json.dumps(body))
-
-    def history(route: Any) -> None:
-        route.fulfill(json={"node_id": "gpu-a1", "samples": samples})
-
+def charts_with_samples(browser: Any, coord: Coordinator, operator: Page, sysfs: Path) -> None:
+    """Real telemetry, end to end: gpu-a1's agent reads its (recorded) GPU, sends samples in
+    its heartbeats, instance A stores them in Redis, and the page on B draws them — one line in
+    the VRAM chart, another in the GTT chart, their sum only as text."""
     viewer = Page(browser, coord)
-    viewer.page.route("**/api/v1/cluster", with_telemetry)
-    viewer.page.route("**/api/v1/nodes/gpu-a1/telemetry", history)
     page = viewer.open_with(admin_key_of(operator))
     card = page.locator('#telemetry .card[data-node-id="gpu-a1"]')
     vram, gtt = card.locator("svg[data-chart=vram]"), card.locator("svg[data-chart=gtt]")
     sync_api = pytest.importorskip("playwright.sync_api")
     sync_api.expect(vram.locator("polyline.used")).to_have_count(1, timeout=WAIT_MS)
     sync_api.expect(gtt.locator("polyline.used")).to_have_count(1)
-    assert vram.get_attribute("data-samples") == gtt.get_attribute("data-samples") == "6"
+    # The card's memory rises; the page follows without a reload.
+    for step in range(1, 6):
+        set_gpu(sysfs, (10 + step) * 1e9, (2 + step / 2) * 1e9)
+        viewer.wait_for_polls(1)
     # Each chart plots its own memory: the latest values, never their sum.
-    assert "15.0 GB used of 24.0 GB" in vram.text_content()
-    assert "4.5 GB used of 32.0 GB" in gtt.text_content()
-    assert "derived: VRAM + GTT in use 19.5 GB of 56.0 GB" in card.text_content()
+    sync_api.expect(vram).to_contain_text("15.0 GB used of 24.0 GB", timeout=WAIT_MS)
+    sync_api.expect(gtt).to_contain_text("4.5 GB used of 32.0 GB", timeout=WAIT_MS)
+    sync_api.expect(card).to_contain_text("derived: VRAM + GTT in use 19.5 GB of 56.0 GB")
+    assert int(vram.get_attribute("data-samples")) >= 3
+    assert vram.get_attribute("data-samples") == gtt.get_attribute("data-samples")
     other = page.locator('#telemetry .card[data-node-id="gpu-b1"] svg[data-chart=vram]')
     sync_api.expect(other).to_contain_text("no samples yet")
     screenshot = os.environ.get("GEMMANET_SYSTEM_HEALTH_SCREENSHOT")
