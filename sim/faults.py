@@ -34,6 +34,7 @@ from coordinator.coordination.leases import (
     NodeFacts,
 )
 from coordinator.coordination.memory_bus import MemoryBus
+from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
 
 
 class Gate:
@@ -239,6 +240,36 @@ class FaultyCoordination(Coordination):
     async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
         await self.passage()
         return await self.inner.latest_telemetry(node_ids)
+
+    async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
+        await self.passage()
+        return await self.inner.monitor_acquire(candidate, ttl_s)
+
+    async def monitor_renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
+        await self.passage()
+        return await self.inner.monitor_renew(candidate, epoch, ttl_s)
+
+    async def monitor_resign(self, candidate: str, epoch: int) -> bool:
+        await self.passage()
+        return await self.inner.monitor_resign(candidate, epoch)
+
+    async def monitor_status(self) -> MonitorStatus:
+        await self.passage()
+        return await self.inner.monitor_status()
+
+    async def write_host_facts(
+        self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool = True
+    ) -> bool:
+        await self.passage()
+        return await self.inner.write_host_facts(candidate, epoch, host_id, record, fenced=fenced)
+
+    async def host_facts(self, host_ids: Sequence[str] | None = None) -> dict[str, HostFacts]:
+        await self.passage()
+        return await self.inner.host_facts(host_ids)
+
+    async def accepted_fact_writes(self, epoch: int) -> int:
+        await self.passage()
+        return await self.inner.accepted_fact_writes(epoch)
 
     async def presence_beat(
         self,

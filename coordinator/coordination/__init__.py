@@ -18,6 +18,8 @@ memory_state.py         its synchronous state on an injected clock
 memory_presence.py      its presence registries
 memory_leases.py        its leases and queues (the reference semantics)
 memory_telemetry.py     its host telemetry histories
+memory_monitor.py       its monitor election and fenced host facts
+monitor_types.py        the monitor election and fenced host facts: types, keys, semantics
 memory_bus.py           the in-process bus
 memory_bus_hub.py       the hub the in-process buses of one process share
 redis.py                the Redis backend: keys, rate limits, presence, pub/sub
@@ -27,6 +29,7 @@ redis_errors.py         how it classifies and reports failures
 redis_scripts.py        the Lua scripts of its compound operations
 redis_lease_scripts.py  the Lua scripts of its leases and queues
 redis_telemetry.py      its host telemetry histories (a mixin, with their scripts)
+redis_monitor.py        its monitor election and fenced facts (a mixin, with their scripts)
 redis_subscription.py   one subscription's connection and pump
 streams_bus.py          the instance bus over Redis streams
 """

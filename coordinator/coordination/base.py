@@ -29,6 +29,7 @@ from coordinator.coordination.leases import (
     LeaseUsage,
     NodeFacts,
 )
+from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
 from coordinator.errors import CoordinationUnavailable
 
 __all__ = [
@@ -230,6 +231,43 @@ class Coordination(abc.ABC):
     @abc.abstractmethod
     async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
         """The newest sample of each node that has one, in one round trip."""
+
+    # -- the elected monitor and its fenced host facts (semantics: ``monitor_types.py``) -------
+
+    @abc.abstractmethod
+    async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
+        """Take the monitor lease if it is free or expired (the epoch goes up by one and is
+        returned as the fencing token); otherwise report who holds it."""
+
+    @abc.abstractmethod
+    async def monitor_renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
+        """Extend the lease to ``ttl_s`` only if ``candidate`` still holds it with ``epoch``."""
+
+    @abc.abstractmethod
+    async def monitor_resign(self, candidate: str, epoch: int) -> bool:
+        """Give the lease up (a graceful stop) if ``candidate`` holds it with ``epoch``."""
+
+    @abc.abstractmethod
+    async def monitor_status(self) -> MonitorStatus:
+        """The lease, the newest epoch and the count of fenced rejects, in one read."""
+
+    @abc.abstractmethod
+    async def write_host_facts(
+        self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool = True
+    ) -> bool:
+        """Store ``record`` (JSON) as the host's facts, stamped with the store's clock, only if
+        ``epoch`` is the current epoch and ``candidate`` holds the lease with it; a rejected
+        write changes no fact and counts in ``monitor:fenced_rejects``. Returns whether it was
+        accepted. ``fenced=False`` is the test-only switch that skips the compare."""
+
+    @abc.abstractmethod
+    async def host_facts(self, host_ids: Sequence[str] | None = None) -> dict[str, HostFacts]:
+        """The latest accepted facts of each host that has some (all hosts when None), each
+        with its write time and age on the store's clock."""
+
+    @abc.abstractmethod
+    async def accepted_fact_writes(self, epoch: int) -> int:
+        """How many fact writes made with ``epoch`` were accepted (kept for an hour)."""
 
     # -- bus ----------------------------------------------------------------------------------
 

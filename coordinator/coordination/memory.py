@@ -38,6 +38,7 @@ from coordinator.coordination.leases import (
     NodeFacts,
 )
 from coordinator.coordination.memory_state import MemoryState, Sink
+from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
 
 __all__ = ["MemoryCoordination", "MemoryState", "MemorySubscription", "Sink"]
 
@@ -197,6 +198,32 @@ class MemoryCoordination(Coordination):
     async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
         state = await self._enter()
         return state.telemetry.latest(node_ids, state.now())
+
+    # -- the monitor election and fenced facts ---------------------------------------------------
+
+    async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
+        return (await self._enter()).monitor.acquire(candidate, ttl_s)
+
+    async def monitor_renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
+        return (await self._enter()).monitor.renew(candidate, epoch, ttl_s)
+
+    async def monitor_resign(self, candidate: str, epoch: int) -> bool:
+        return (await self._enter()).monitor.resign(candidate, epoch)
+
+    async def monitor_status(self) -> MonitorStatus:
+        return (await self._enter()).monitor.status()
+
+    async def write_host_facts(
+        self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool = True
+    ) -> bool:
+        state = await self._enter()
+        return state.monitor.write(candidate, epoch, host_id, record, fenced=fenced)
+
+    async def host_facts(self, host_ids: Sequence[str] | None = None) -> dict[str, HostFacts]:
+        return (await self._enter()).monitor.read(host_ids)
+
+    async def accepted_fact_writes(self, epoch: int) -> int:
+        return (await self._enter()).monitor.accepted(epoch)
 
     # -- bus ----------------------------------------------------------------------------------
 

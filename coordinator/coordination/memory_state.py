@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from coordinator.coordination.base import PresenceView, RateDecision
 from coordinator.coordination.memory_leases import LeaseTables
+from coordinator.coordination.memory_monitor import MonitorTables
 from coordinator.coordination.memory_presence import PresenceRegistries
 from coordinator.coordination.memory_telemetry import TelemetryHistories
 
@@ -56,6 +57,8 @@ class MemoryState:
         self.leases = LeaseTables(self.presence.alive)
         #: host telemetry histories per node (callers pass ``now()``)
         self.telemetry = TelemetryHistories()
+        #: the monitor election and its fenced host facts (``memory_monitor``)
+        self.monitor = MonitorTables(self)
         #: payloads lost because a subscriber's buffer was full
         self.dropped = 0
 

@@ -48,6 +48,7 @@ from coordinator.coordination.redis_link import (
     _Operation,
     read_password_file,
 )
+from coordinator.coordination.redis_monitor import RedisMonitor
 from coordinator.coordination.redis_scripts import (
     COMPARE_AND_SET,
     INCR_WITH_TTL,
@@ -81,7 +82,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "\\*?[]" else ch for ch in text)
 
 
-class RedisCoordination(RedisLeases, RedisTelemetry, Coordination):
+class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination):
     """``Coordination`` shared by every instance that points at the same Redis and prefix."""
 
     kind = "redis"

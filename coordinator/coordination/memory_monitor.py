@@ -1,0 +1,110 @@
+"""The embedded backend's monitor election and fenced fact writes, with the semantics of
+``monitor_types`` (the Redis scripts are ``redis_monitor``).
+
+The lease, the epoch and the counters live in the state's ordinary keys (so ``delete`` and
+``get`` see them exactly as on Redis); the facts live in dicts here. Every function runs
+synchronously inside one facade call, which is what makes it atomic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from coordinator.coordination.monitor_types import (
+    ACCEPTED_TTL_S,
+    EPOCH_KEY,
+    FENCED_REJECTS_KEY,
+    LEASE_KEY,
+    HostFacts,
+    MonitorClaim,
+    MonitorStatus,
+    accepted_key,
+    decode_facts,
+    lease_value,
+    parse_lease,
+)
+
+__all__ = ["MonitorTables"]
+
+
+class _KeyStore(Protocol):
+    """The parts of ``MemoryState`` used here (a protocol: the state owns these tables)."""
+
+    def now(self) -> float: ...
+    def get(self, key: str) -> bytes | None: ...
+    def set(
+        self, key: str, value: bytes, *, ttl_s: float | None = None, only_if_absent: bool = False
+    ) -> bool: ...
+    def incr(self, key: str, amount: int = 1, *, ttl_s: float | None = None) -> int: ...
+    def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool: ...
+    def compare_and_set(
+        self,
+        key: str,
+        expected: bytes | None,
+        value: bytes | None,
+        *,
+        ttl_s: float | None = None,
+    ) -> bool: ...
+
+
+def _whole(raw: bytes | None) -> int:
+    return int(raw) if raw else 0
+
+
+class MonitorTables:
+    """The facts of one memory state (host id -> (record, write time))."""
+
+    def __init__(self, state: _KeyStore) -> None:
+        self._state = state
+        self._facts: dict[str, tuple[bytes, float]] = {}
+
+    def acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
+        state = self._state
+        holder, epoch = parse_lease(state.get(LEASE_KEY))
+        if holder is not None:
+            return MonitorClaim(held=False, holder=holder, epoch=epoch)
+        new_epoch = state.incr(EPOCH_KEY)
+        state.set(LEASE_KEY, lease_value(candidate, new_epoch), ttl_s=ttl_s)
+        return MonitorClaim(held=True, holder=candidate, epoch=new_epoch)
+
+    def renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
+        return self._state.refresh_if(LEASE_KEY, lease_value(candidate, epoch), ttl_s)
+
+    def resign(self, candidate: str, epoch: int) -> bool:
+        return self._state.compare_and_set(LEASE_KEY, lease_value(candidate, epoch), None)
+
+    def status(self) -> MonitorStatus:
+        state = self._state
+        holder, lease_epoch = parse_lease(state.get(LEASE_KEY))
+        return MonitorStatus(
+            holder=holder,
+            lease_epoch=lease_epoch,
+            epoch=_whole(state.get(EPOCH_KEY)),
+            fenced_rejects=_whole(state.get(FENCED_REJECTS_KEY)),
+        )
+
+    def write(
+        self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool
+    ) -> bool:
+        state = self._state
+        current = _whole(state.get(EPOCH_KEY))
+        lease = state.get(LEASE_KEY)
+        if fenced and (epoch != current or lease != lease_value(candidate, epoch)):
+            state.incr(FENCED_REJECTS_KEY)
+            return False
+        self._facts[host_id] = (bytes(record), state.now())
+        state.incr(accepted_key(epoch), ttl_s=ACCEPTED_TTL_S)
+        return True
+
+    def accepted(self, epoch: int) -> int:
+        return _whole(self._state.get(accepted_key(epoch)))
+
+    def read(self, host_ids: Sequence[str] | None) -> dict[str, HostFacts]:
+        now = self._state.now()
+        wanted = sorted(self._facts) if host_ids is None else host_ids
+        return {
+            host: decode_facts(host, *self._facts[host], now)
+            for host in wanted
+            if host in self._facts
+        }
