@@ -69,6 +69,11 @@ async def run_instance(
             await nursery.start(instance.run)
             if settings.metrics_port is not None:
                 await nursery.start(serve_metrics, instance.metrics, settings)
+            if settings.monitor:
+                # A monitor candidate in this instance (README "Monitor and fencing").
+                from coordinator.monitor.loop import run_monitor
+
+                await nursery.start(run_monitor, coordination, settings, settings.instance_id)
             if settings.redis_url:
                 try:
                     await refuse_mixed_modes(coordination, settings)

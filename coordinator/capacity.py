@@ -10,6 +10,13 @@ catalog that placement charges against each node's memory budget.
     vram_gb = 24             # overrides the node's --vram-gb (its memory budget)
     telemetry_url = "http://box-1:9105/telemetry"   # its `gemmanet telemetry-agent`, for a monitor
 
+    [hosts."box-c"]          # a direct model host, watched by the elected monitor
+    url = "http://box-c:11434"
+    kind = "ollama"          # or "openai" (an OpenAI-compatible server)
+    memory_gb = 24           # its memory budget
+    max_parallel = 2
+    weight = 1.0             # relative share of placement (next: placement on hosts)
+
 A model without a catalog entry is placed on the parallel budget alone; a node's parallelism is
 never inferred from its memory. Every instance should read the same file.
 """
@@ -17,6 +24,7 @@ never inferred from its memory. Every instance should read the same file.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +32,13 @@ from typing import Any
 from coordinator.errors import SettingsError
 from protocol.constraints import MAX_PARALLEL, MAX_VRAM_GB
 
-__all__ = ["Capacity", "ModelCost", "NodeBudget", "load_capacity"]
+_HOST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+__all__ = ["HOST_KINDS", "Capacity", "HostSpec", "ModelCost", "NodeBudget", "load_capacity"]
+
+#: what a direct host speaks: Ollama's API or the OpenAI-compatible one
+HOST_KINDS = ("ollama", "openai")
+MAX_HOST_WEIGHT = 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +55,22 @@ class NodeBudget:
     telemetry_url: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    """A direct model host (it cannot connect out; the coordinator calls it)."""
+
+    url: str
+    kind: str
+    memory_gb: float | None = None
+    max_parallel: int = 1
+    weight: float = 1.0
+
+
 @dataclass(frozen=True)
 class Capacity:
     models: dict[str, ModelCost] = field(default_factory=dict)
     nodes: dict[str, NodeBudget] = field(default_factory=dict)
+    hosts: dict[str, HostSpec] = field(default_factory=dict)
 
     def cost(self, model: str) -> ModelCost:
         return self.models.get(model, ModelCost())
@@ -124,7 +150,39 @@ def parse_capacity(text: str, source: str = "the capacity file") -> Capacity:
             vram_gb=_number(where, entry, "vram_gb", MAX_VRAM_GB),
             telemetry_url=_http_url(where, entry, "telemetry_url"),
         )
-    return Capacity(models=models, nodes=nodes)
+    hosts = {
+        host_id: _host(f'{source}: hosts."{host_id}"', host_id, raw)
+        for host_id, raw in _table(f"{source}: [hosts]", data.get("hosts", {})).items()
+    }
+    return Capacity(models=models, nodes=nodes, hosts=hosts)
+
+
+def _host(where: str, host_id: str, raw: object) -> HostSpec:
+    if not _HOST_ID.fullmatch(host_id):
+        raise SettingsError(f"{where}: a host id may hold only [A-Za-z0-9._:-], 1 to 64 of them")
+    entry = _table(where, raw)
+    _check_keys(where, entry, {"url", "kind", "memory_gb", "max_parallel", "weight"})
+    url = _http_url(where, entry, "url")
+    if url is None:
+        raise SettingsError(f"{where}.url is required (the host's http:// or https:// base URL)")
+    kind = entry.get("kind")
+    if kind not in HOST_KINDS:
+        raise SettingsError(
+            f"{where}.kind = {kind!r} must be " + " or ".join(map(repr, HOST_KINDS))
+        )
+    parallel = _number(where, entry, "max_parallel", MAX_PARALLEL)
+    if parallel is not None and (parallel < 1 or parallel != int(parallel)):
+        raise SettingsError(f"{where}.max_parallel must be a whole number of at least 1")
+    weight = _number(where, entry, "weight", MAX_HOST_WEIGHT)
+    if weight is not None and weight <= 0:
+        raise SettingsError(f"{where}.weight must be above 0")
+    return HostSpec(
+        url=url.rstrip("/"),
+        kind=kind,
+        memory_gb=_number(where, entry, "memory_gb", MAX_VRAM_GB),
+        max_parallel=1 if parallel is None else int(parallel),
+        weight=1.0 if weight is None else weight,
+    )
 
 
 def load_capacity(path: str) -> Capacity:

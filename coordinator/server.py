@@ -17,6 +17,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from coordinator.app import create_app, run_instance
 from coordinator.core.liveness import FAILOVER_PROMISE_S
 from coordinator.errors import SettingsError, StartupRefused, StoreError
+from coordinator.monitor.timing import check_monitor_bound
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.settings import Settings
 from protocol import MAX_FRAME_BYTES
@@ -71,6 +72,7 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
+    check_monitor_bound(settings)
     check_port_free(host, port)
     app = create_app(settings)
     config = hypercorn_config(host, port)

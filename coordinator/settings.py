@@ -180,6 +180,26 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
             "GEMMANET_TELEMETRY_INTERVAL_S",
             lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
         ),
+        # The elected residency monitor (README "Monitor and fencing").
+        "monitor": ("GEMMANET_MONITOR", _flag),
+        "monitor_poll_s": (
+            "GEMMANET_MONITOR_POLL_S",
+            lambda n, v: _number(n, v, minimum=0.05, maximum=3600.0),
+        ),
+        "monitor_ttl_s": (
+            "GEMMANET_MONITOR_TTL_S",
+            lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
+        ),
+        "monitor_retry_s": (
+            "GEMMANET_MONITOR_RETRY_S",
+            lambda n, v: _number(n, v, minimum=0.05, maximum=3600.0),
+        ),
+        "monitor_poll_timeout_s": (
+            "GEMMANET_MONITOR_POLL_TIMEOUT_S",
+            lambda n, v: _number(n, v, minimum=0.05, maximum=600.0),
+        ),
+        "monitor_unfenced": ("GEMMANET_MONITOR_UNFENCED", _flag),
+        "allow_test_switches": ("GEMMANET_ALLOW_TEST_SWITCHES", _flag),
     }
     values: dict[str, Any] = {}
     for field_name, (variable, parse) in parsers.items():
@@ -235,6 +255,18 @@ class Settings:
     # Host telemetry from heartbeats: at most one stored sample per node this often (the
     # history keeps the last 60; README "Host telemetry").
     telemetry_interval_s: float = 5.0
+    # The elected residency monitor: candidate or not, its poll interval, election TTL,
+    # standby retry and per-host poll timeout (their sum with a second poll timeout must fit in
+    # residency_stale_s: coordinator/monitor/timing.py). ``monitor_unfenced`` is TEST-ONLY (it
+    # switches the token compare off to show the takeover gate can fail) and is refused unless
+    # ``allow_test_switches`` is set too.
+    monitor: bool = False
+    monitor_poll_s: float = 2.0
+    monitor_ttl_s: float = 5.0
+    monitor_retry_s: float = 1.0
+    monitor_poll_timeout_s: float = 2.0
+    monitor_unfenced: bool = False
+    allow_test_switches: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -247,6 +279,11 @@ class Settings:
             raise SettingsError(
                 "GEMMANET_MULTI_INSTANCE=1 needs GEMMANET_REDIS_URL: instances can only share "
                 "nodes through Redis/Valkey"
+            )
+        if self.monitor_unfenced and not self.allow_test_switches:
+            raise SettingsError(
+                "GEMMANET_MONITOR_UNFENCED=1 is a test-only switch (it lets a deposed monitor's "
+                "writes through) and needs GEMMANET_ALLOW_TEST_SWITCHES=1"
             )
 
     def liveness_timing(self) -> LivenessTiming:

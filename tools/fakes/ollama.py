@@ -1,5 +1,7 @@
 """A fake Ollama server: ``POST /api/generate`` (NDJSON stream or one JSON object), ``GET
-/api/tags``, ``GET /api/version``, ``GET /``. Answers with the prompt, word by word.
+/api/tags`` (the models it has), ``GET /api/ps`` (the models loaded in memory, ``size`` in
+bytes, as Ollama's docs give it), ``GET /api/version``, ``GET /``. Answers with the prompt, word
+by word. ``resident`` (model -> bytes) is what ``/api/ps`` reports; a test may change it.
 
 Run it alone with ``python -m tools.fakes.ollama --port P``.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +31,13 @@ def _now() -> str:
 class FakeOllama(FakeModelServer):
     kind = "ollama"
 
+    def __init__(self, *, resident: Mapping[str, int] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        #: model -> bytes in memory: what ``GET /api/ps`` lists (loaded models)
+        self.resident: dict[str, int] = dict(resident or {})
+        #: how many times ``/api/ps`` was asked (a monitor's polls)
+        self.ps_requests = 0
+
     async def handle(self, request: Request) -> Response:
         route = (request.method, request.path)
         if route == ("GET", "/"):
@@ -36,8 +45,12 @@ class FakeOllama(FakeModelServer):
         if route == ("GET", "/api/version"):
             return Response(200, {"version": "0.0.0-fake"})
         if route == ("GET", "/api/tags"):
-            names = sorted(self.models) if self.models is not None else []
-            return Response(200, {"models": [_tag(name) for name in names]})
+            names = sorted(set(self.models or ()) | set(self.resident))
+            return Response(200, {"models": [_tag(n, self.resident.get(n, 0)) for n in names]})
+        if route == ("GET", "/api/ps"):
+            self.ps_requests += 1
+            loaded = sorted(self.resident.items())
+            return Response(200, {"models": [_running(n, size) for n, size in loaded]})
         if route == ("POST", "/api/generate"):
             return self._generate(request)
         if request.path == "/api/generate":
@@ -103,14 +116,38 @@ def _final(prompt_chars: int, pieces: int) -> dict[str, Any]:
     }
 
 
-def _tag(name: str) -> dict[str, Any]:
+_DETAILS = {
+    "parent_model": "",
+    "format": "gguf",
+    "family": "fake",
+    "families": ["fake"],
+    "parameter_size": "0B",
+    "quantization_level": "Q4_0",
+}
+
+
+def _tag(name: str, size: int = 0) -> dict[str, Any]:
     return {
         "name": name,
         "model": name,
         "modified_at": "2024-01-01T00:00:00Z",
-        "size": 0,
+        "size": size,
         "digest": "0" * 64,
-        "details": {"format": "gguf", "family": "fake", "parameter_size": "0B"},
+        "details": dict(_DETAILS),
+    }
+
+
+def _running(name: str, size: int) -> dict[str, Any]:
+    """One entry of ``/api/ps``: Ollama's List running models answer."""
+    return {
+        "name": name,
+        "model": name,
+        "size": size,
+        "digest": "0" * 64,
+        "details": dict(_DETAILS),
+        "expires_at": "2099-01-01T00:00:00Z",
+        "size_vram": size,
+        "context_length": 4096,
     }
 
 
@@ -120,11 +157,26 @@ def _line(record: dict[str, Any]) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     def factory(args: argparse.Namespace) -> FakeModelServer:
+        resident = {}
+        for item in args.resident or ():
+            model, _, gb = item.partition("=")
+            resident[model] = int(float(gb) * 1e9)
         return FakeOllama(
-            models=args.models, chunk_delay_s=args.chunk_delay_ms / 1000.0, fail=args.fail
+            models=args.models,
+            chunk_delay_s=args.chunk_delay_ms / 1000.0,
+            fail=args.fail,
+            resident=resident,
         )
 
-    return serve_main(factory, argv, prog="python -m tools.fakes.ollama")
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--resident",
+            action="append",
+            metavar="MODEL=GB",
+            help="a model /api/ps reports as loaded, with its size (repeatable)",
+        )
+
+    return serve_main(factory, argv, prog="python -m tools.fakes.ollama", extra=extra)
 
 
 if __name__ == "__main__":

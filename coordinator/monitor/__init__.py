@@ -1,0 +1,11 @@
+"""The elected residency monitor: one primary polls every direct host of the operator file and
+writes fenced facts; standbys wait to take over (README "Monitor and fencing").
+
+timing.py          the start-up timing bound every monitor and instance checks
+election.py        one candidate's hold on the monitor lease and its fencing token
+poller.py          one poll of a direct host (Ollama /api/ps + /api/tags, OpenAI /v1/models)
+loop.py            the monitor loop: elect, poll, write fenced facts, renew; standby retries
+command.py         ``gemmanet monitor``: the loop as a process of its own
+prove_takeover.py  ``gemmanet prove-takeover``: pause the primary, judge the handover
+takeover_run.py    one prove-takeover run: the processes, the observations, the numbers
+"""
