@@ -17,6 +17,8 @@ coordination/     shared coordination state (memory and Redis backends, with the
                   rate limiter) and the instance bus
 store/            the durable SQL store (API keys, node tokens, tasks, ratings)
 telemetry/        host telemetry samples: the sampler and ``gemmanet telemetry-agent``
+monitor/          the elected residency monitor: election, host polls, fenced facts,
+                  ``gemmanet monitor`` and ``gemmanet prove-takeover``
 """
 
 __version__ = "0.1.0"

@@ -139,7 +139,8 @@ def _add_monitor_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "--handover-gate",
         choices=("strict",),
         default="strict",
-        help="strict: zero owner loss, zero successful deposed writes, handovers in the window",
+        help="the only gate, and the default: strict = zero owner loss, zero successful "
+        "deposed writes, every handover inside GEMMANET_RESIDENCY_STALE_S",
     )
     prove.set_defaults(handler=_prove_takeover)
 

@@ -16,6 +16,7 @@ LISTED = [
     "coordinator/runtime",
     "coordinator/core",
     "coordinator/telemetry",
+    "coordinator/monitor",
     "sim",
 ]
 
