@@ -23,6 +23,7 @@ from coordinator.errors import SettingsError, StartupRefused
 from coordinator.monitor.loop import run_monitor
 from coordinator.monitor.timing import check_monitor_bound, monitor_bound_sum
 from coordinator.settings import Settings
+from protocol.constraints import is_identifier
 
 __all__ = ["run_monitor_command"]
 
@@ -42,6 +43,9 @@ def run_monitor_command(settings: Settings, *, candidate: str | None, events: bo
         )
     check_monitor_bound(settings)
     name = candidate or f"monitor-{secrets.token_hex(4)}"
+    if not is_identifier(name):
+        # The id goes into the lease value "<id>|<epoch>": keep it to the identifier rule.
+        raise SettingsError(f"--id {name!r} may hold only [A-Za-z0-9._:-]")
     if settings.monitor_unfenced:
         log.warning("GEMMANET_MONITOR_UNFENCED=1: fact writes skip the token compare (TEST ONLY)")
 

@@ -24,6 +24,7 @@ from functools import partial
 
 import trio
 
+from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.factory import create_coordination
 from coordinator.coordination.monitor_types import (
     EPOCH_KEY,
@@ -33,7 +34,7 @@ from coordinator.coordination.monitor_types import (
     LEASE_KEY,
     accepted_key,
 )
-from coordinator.errors import SettingsError
+from coordinator.errors import SettingsError, StartupRefused
 from coordinator.monitor.takeover_run import RunResult, TakeoverRun
 from coordinator.monitor.timing import check_monitor_bound, monitor_bound_sum
 from coordinator.settings import Settings
@@ -71,6 +72,12 @@ async def _cleanup(settings: Settings, prefix: str, epochs: int) -> None:
 
 async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResult]:
     from tools.fakes.ollama import FakeOllama
+
+    probe = create_coordination(
+        settings.redis_url, password_file=settings.redis_password_file, key_prefix="probe"
+    )
+    async with probe:
+        await probe.ping()  # one line now rather than N failed runs
 
     fake = FakeOllama(models=["gemma3:4b"], resident={"gemma3:4b": 3_300_000_000})
     results: list[RunResult] = []
@@ -129,7 +136,13 @@ def run_prove_takeover(settings: Settings, *, repeat: int, gate: str) -> int:
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="gemmanet-prove-takeover-") as workdir:
-        results = trio.run(_prove, settings, repeat, workdir)
+        try:
+            results = trio.run(_prove, settings, repeat, workdir)
+        except* CoordinationUnavailable as group:
+            first: BaseException = group
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise StartupRefused(f"prove-takeover: Redis is unreachable: {first}") from None
     failed = [n for n, r in enumerate(results, 1) if not r.passes(window)]
     succeeded = sum(r.deposed_succeeded for r in results)
     loss = sum(r.owner_loss for r in results)

@@ -113,3 +113,22 @@ def test_a_monitor_process_refuses_the_memory_backend() -> None:
     done = run_cli("monitor", timeout=30)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "needs GEMMANET_REDIS_URL" in done.stderr
+
+
+def test_prove_takeover_without_a_reachable_redis_is_one_line() -> None:
+    done = run_cli("prove-takeover", GEMMANET_REDIS_URL="redis://127.0.0.1:1/0", timeout=30)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "Redis is unreachable" in done.stderr, done.stderr
+
+
+def test_a_lease_shorter_than_a_tick_is_refused() -> None:
+    done = run_cli(
+        "monitor",
+        GEMMANET_REDIS_URL="redis://127.0.0.1:1/0",
+        GEMMANET_MONITOR_POLL_S="1",
+        GEMMANET_MONITOR_TTL_S="1.5",
+        GEMMANET_MONITOR_POLL_TIMEOUT_S="1",
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "must exceed poll 1 + poll timeout 1" in done.stderr
