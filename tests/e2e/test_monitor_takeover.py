@@ -3,8 +3,8 @@ processes, a real SIGSTOP/SIGCONT, the real fake Ollama. The strict gate passes 
 and fails with the test-only unfenced switch (the gate can fail). Plus the one-line start-up
 refusals of the timing bound and of a monitor without Redis.
 
-Short timings (poll 0.2 s, TTL 1 s, retry 0.2 s, poll timeout 0.3 s: bound 2 s, window 3 s)
-keep the three runs near 12 s.
+Short timings (poll 0.2 s, TTL 1 s, retry 0.2 s, poll timeout 0.3 s: bound 2 s)
+keep the three runs near 12 s; the window (4 s) leaves room for a loaded machine.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ FAST = {
     "GEMMANET_MONITOR_TTL_S": "1",
     "GEMMANET_MONITOR_RETRY_S": "0.2",
     "GEMMANET_MONITOR_POLL_TIMEOUT_S": "0.3",
-    "GEMMANET_RESIDENCY_STALE_S": "3",
+    "GEMMANET_RESIDENCY_STALE_S": "4",
 }
 
 
@@ -58,7 +58,7 @@ def test_the_strict_gate_passes_with_fencing(redis_server: RedisServer) -> None:
         # Each run: a handover inside the window, no owner loss, and the resumed primary's
         # write with its old token attempted and rejected by the store.
         handover = float(re.search(r"handover (\d+\.\d+) s", line).group(1))  # type: ignore[union-attr]
-        assert 0 < handover <= 3.0, line
+        assert 0 < handover <= 4.0, line
         assert "owner loss before stop 0;" in line, line
         assert re.search(r"([1-9]\d*) attempted, \1 rejected \(fenced_rejects \+\1\)", line), line
         assert line.endswith("0 SUCCEEDED; ok"), line
