@@ -29,10 +29,12 @@ class InstanceLiveness(_Response):
 
 
 class MonitorInfo(_Response):
-    """The elected monitor. No monitor exists in this version: ``monitor`` is always null."""
+    """The elected monitor: the candidate holding the election lease, its epoch (fencing token),
+    and how many fact writes from deposed monitors were rejected so far."""
 
     primary: str
     epoch: int
+    fenced_rejects: int
 
 
 class ClusterResponse(_Response):

@@ -19,10 +19,11 @@ from quart import Quart, Response
 from quart_schema import document_response, hide, security_scheme
 
 from coordinator import __version__
-from coordinator.api.health_schemas import ClusterResponse, InstanceLiveness
+from coordinator.api.health_schemas import ClusterResponse, InstanceLiveness, MonitorInfo
 from coordinator.api.responses import error_response, json_response
 from coordinator.api.routes import _BEARER, _errors, authenticate, instance
 from coordinator.api.schemas import NodeInfo
+from coordinator.coordination import Coordination, CoordinationUnavailable
 
 PAGE_PATH = "/system-health"
 # name -> content type; nothing else under health_page/ is served.
@@ -83,7 +84,8 @@ def register_system_health(app: Quart) -> None:
     @_errors(401, 503)
     async def cluster() -> Response:
         """What the System Health page shows: instances with their liveness, aggregate counts,
-        the monitor (always null in this version) and, for an operator key only, every node."""
+        the elected monitor (null when none holds the lease) and, for an operator key only,
+        every node."""
         api_key = await authenticate()
         inst = instance()
         status = await inst.cluster_status()
@@ -112,7 +114,20 @@ def register_system_health(app: Quart) -> None:
             in_flight=msgspec.convert(status["in_flight"], int),
             queued=queued,
             queue_depth=None if queued is None else sum(queued.values()),
-            monitor=None,
+            monitor=await _monitor(inst.coordination),
             nodes=nodes,
         )
         return json_response(body)
+
+
+async def _monitor(coordination: Coordination) -> MonitorInfo | None:
+    """The monitor holding the election lease now, with its epoch (its fencing token)."""
+    try:
+        status = await coordination.monitor_status()
+    except CoordinationUnavailable:
+        return None
+    if status.holder is None or status.lease_epoch is None:
+        return None
+    return MonitorInfo(
+        primary=status.holder, epoch=status.lease_epoch, fenced_rejects=status.fenced_rejects
+    )

@@ -25,7 +25,8 @@ def states(body: Any) -> dict[str, str]:
 
 
 def test_cluster_view_by_key_kind_and_liveness(procs: Processes, redis_server: Any) -> None:
-    shared = procs.share_redis(redis_server, f"cluster{os.getpid()}")
+    # Both instances are monitor candidates: one is elected, the other stands by.
+    shared = procs.share_redis(redis_server, f"cluster{os.getpid()}", GEMMANET_MONITOR="1")
     a, b = shared.two_instances()
     shared.node(a, "on-a", extra=("--max-parallel", "3", "--vram-gb", "16"))
     wait_until(lambda: b.has_node("on-a"), "B sees the node of A")
@@ -39,7 +40,10 @@ def test_cluster_view_by_key_kind_and_liveness(procs: Processes, redis_server: A
     [node] = full["nodes"]
     assert (node["node_id"], node["instance_id"], node["max_parallel"]) == ("on-a", "A", 3)
     assert node["vram_gb"] == 16 and node["leases"] == 0
-    assert full["monitor"] is None and full["queue_depth"] == 0
+    wait_until(lambda: cluster(b, operator).json()["monitor"] is not None, "a monitor elected")
+    first = cluster(b, operator).json()["monitor"]
+    assert first["primary"] in ("A", "B") and first["epoch"] >= 1, first
+    assert full["queue_depth"] == 0
     assert full["online_nodes"] == 1 and full["in_flight"] == 0
 
     plain = cluster(b, client).json()
@@ -59,3 +63,7 @@ def test_cluster_view_by_key_kind_and_liveness(procs: Processes, redis_server: A
     dead = after["instances"][0]
     assert dead["nodes"] is None and dead["in_flight"] is None and dead["last_beat_age_s"] > 0
     assert after["online_nodes"] == 0 and after["nodes"] == []
+    # The monitor is B's now: it was already, or B took over when A's lease ran out (new epoch).
+    wait_until(lambda: (cluster(b, client).json()["monitor"] or {}).get("primary") == "B", "B")
+    now = cluster(b, client).json()["monitor"]
+    assert now["epoch"] == first["epoch"] + (first["primary"] == "A"), (first, now)
