@@ -164,3 +164,41 @@ def test_an_instance_user_has_its_own_keys_and_commands_only(
         reply = as_user(server, "inst-a", password, *command)
         # A script's own key access is refused with ERR "... can't access ..." in Redis 7.0.
         assert reply.startswith(b"-NOPERM") or b"can't access" in reply, (command, reply)
+
+
+def test_serve_refuses_a_wrong_password_or_missing_rights_in_one_line(
+    procs: Processes, redis_server_factory, tmp_path: Path
+) -> None:
+    server = redis_server_factory(password=ADMIN_PASSWORD)
+    password = make_user(server, tmp_path, "inst-a", "p")
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password")
+    # The same user without PING: its first command at start is refused.
+    server.raw_command(
+        "ACL",
+        "SETUSER",
+        "no-ping",
+        "on",
+        ">" + password.read_text().strip(),
+        "~p:*",
+        "+@all",
+        "-ping",
+    )
+    plain = server.url.removeprefix("redis://")
+    for user, secret, expected in [
+        ("inst-a", wrong, "WRONGPASS"),
+        ("no-ping", password, "NOPERM"),
+    ]:
+        env = {
+            **procs.env,
+            "GEMMANET_REDIS_URL": f"redis://{user}@{plain}",
+            "GEMMANET_REDIS_PASSWORD_FILE": str(secret),
+            "GEMMANET_KEY_PREFIX": "p",
+            "GEMMANET_MULTI_INSTANCE": "1",
+        }
+        done = procs.cli("serve", "--port", "0", env=env)
+        assert done.returncode != 0
+        assert "Traceback" not in done.stderr, done.stderr
+        [refusal] = [line for line in done.stderr.splitlines() if line.startswith("gemmanet:")]
+        assert expected in refusal and "cannot reach Redis at start" in refusal, refusal
+        assert secret.read_text().strip() not in done.stderr
