@@ -92,7 +92,9 @@ def acl_hint(exc: BaseException) -> str:
                 " (WRONGPASS: check the user name in GEMMANET_REDIS_URL and "
                 "GEMMANET_REDIS_PASSWORD_FILE; the ACL user may be disabled or deleted)"
             )
-        if isinstance(current, AuthorizationError):
+        if isinstance(current, AuthorizationError) or "user executing the script can't" in str(
+            current
+        ):
             return " (NOPERM: the ACL user lacks this right; see `gemmanet redis-acl`)"
         if isinstance(current, BaseExceptionGroup):
             pending.extend(current.exceptions)

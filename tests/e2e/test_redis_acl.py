@@ -94,7 +94,7 @@ async def test_own_users_suffice_for_the_cluster_and_are_revocable_one_by_one(
     a, b, _ = start_two(procs, server, tmp_path, bus, f"acl{os.getpid()}")
     # One request at a time on A's node: a burst waits in the admission queue (leases).
     procs.node(a, "on-a", models=("echo",), extra=("--max-parallel", "1", "--latency-ms", "150"))
-    procs.node(a, "slow-a", models=("slow",), extra=("--latency-ms", "4000"))
+    procs.node(a, "slow-a", models=("slow",), extra=("--latency-ms", "8000"))
     procs.node(b, "on-b", models=("echo-b",))
     wait_until(lambda: b.has_node("slow-a") and a.has_node("on-b"), "both see both nodes")
     key = procs.create_key("client")
@@ -131,8 +131,9 @@ async def test_own_users_suffice_for_the_cluster_and_are_revocable_one_by_one(
         assert server.raw_command("ACL", "DELUSER", "inst-a") == b":1\r\n"
         revoked_at = time.monotonic()
     [cut] = in_flight
-    # It fails explicitly and promptly (A is gone for B once its beat expires), not hangs...
-    assert time.monotonic() - revoked_at < 2.9, time.monotonic() - revoked_at
+    # It fails explicitly and promptly (A is gone for B once its beat expires, ~2.5 s; the
+    # node would answer only 7 s from now), not hangs...
+    assert time.monotonic() - revoked_at < 5.0, time.monotonic() - revoked_at
     assert cut.status_code in (502, 503), cut.text
     assert cut.json()["error"]["code"], cut.text
     # ...A answers 503 from now on, and B goes on serving its own node.
