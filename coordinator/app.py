@@ -48,6 +48,9 @@ async def run_instance(
             settings.redis_url,
             password_file=settings.redis_password_file,
             key_prefix=settings.key_prefix,
+            ca_file=settings.redis_ca_file,
+            cert_file=settings.redis_cert_file,
+            key_file=settings.redis_key_file,
             clock=trio.current_time,
         )
         # The coordination is entered before the nursery, so cancelling the nursery at a

@@ -145,6 +145,16 @@ def _add_monitor_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     prove.set_defaults(handler=_prove_takeover)
 
 
+def _redis_acl(args: argparse.Namespace) -> int:
+    from coordinator.coordination.redis_acl import parse_version, setuser_line
+
+    try:
+        print(setuser_line(args.user, args.prefix, redis_version=parse_version(args.redis_version)))
+    except ValueError as exc:
+        return _fail(str(exc), 2)
+    return 0
+
+
 def _not_yet(what: str) -> Handler:
     def handler(args: argparse.Namespace) -> int:
         return _fail(f"{what} is not available in this version yet (see the README's roadmap)", 2)
@@ -250,6 +260,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to read the DRM GPU files (default /sys; tests use a recorded tree)",
     )
     telemetry.set_defaults(handler=_telemetry_agent)
+
+    redis_acl = sub.add_parser(
+        "redis-acl", help="print the ACL SETUSER line of one instance's least Redis rights"
+    )
+    redis_acl.add_argument("--user", required=True, help="the ACL user name of this instance")
+    redis_acl.add_argument("--prefix", default="gn", help="its GEMMANET_KEY_PREFIX (default gn)")
+    redis_acl.add_argument(
+        "--redis-version",
+        default="7.0",
+        help="the server's version; 7.2 and later also allow CLIENT SETINFO (default 7.0)",
+    )
+    redis_acl.set_defaults(handler=_redis_acl)
 
     sim = sub.add_parser("sim", help="deterministic simulator: run, replay, sweep")
     add_sim_arguments(sim)

@@ -96,6 +96,20 @@ def _redis_url(name: str, raw: str) -> str:
     return raw
 
 
+def check_redis_tls(
+    url: str | None, ca_file: str | None, cert_file: str | None, key_file: str | None
+) -> None:
+    """The TLS files only make sense together with a rediss:// URL, and cert with key."""
+    if (cert_file is None) != (key_file is None):
+        raise SettingsError(
+            "GEMMANET_REDIS_CERT_FILE and GEMMANET_REDIS_KEY_FILE go together: set both or neither"
+        )
+    if cert_file and not ca_file:
+        raise SettingsError("GEMMANET_REDIS_CERT_FILE needs GEMMANET_REDIS_CA_FILE")
+    if ca_file and not (url or "").startswith("rediss://"):
+        raise SettingsError("GEMMANET_REDIS_CA_FILE needs a rediss:// GEMMANET_REDIS_URL")
+
+
 def _readable_file(name: str, raw: str) -> str:
     try:
         with open(raw, encoding="utf-8") as handle:
@@ -140,6 +154,10 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         "database_url": ("GEMMANET_DATABASE_URL", lambda n, v: v),
         "redis_url": ("GEMMANET_REDIS_URL", _redis_url),
         "redis_password_file": ("GEMMANET_REDIS_PASSWORD_FILE", _readable_file),
+        # rediss:// verified against a private CA, optionally with a client certificate.
+        "redis_ca_file": ("GEMMANET_REDIS_CA_FILE", _readable_file),
+        "redis_cert_file": ("GEMMANET_REDIS_CERT_FILE", _readable_file),
+        "redis_key_file": ("GEMMANET_REDIS_KEY_FILE", _readable_file),
         "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
         "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
         "key_prefix": ("GEMMANET_KEY_PREFIX", _name),
@@ -214,6 +232,9 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
     redis_password_file: str | None = None
+    redis_ca_file: str | None = None
+    redis_cert_file: str | None = None
+    redis_key_file: str | None = None
     multi_instance: bool = False
     bus: str = "pubsub"
     key_prefix: str = "gn"
@@ -285,6 +306,9 @@ class Settings:
                 "GEMMANET_MONITOR_UNFENCED=1 is a test-only switch (it lets a deposed monitor's "
                 "writes through) and needs GEMMANET_ALLOW_TEST_SWITCHES=1"
             )
+        check_redis_tls(
+            self.redis_url, self.redis_ca_file, self.redis_cert_file, self.redis_key_file
+        )
 
     def liveness_timing(self) -> LivenessTiming:
         return LivenessTiming(

@@ -1,7 +1,8 @@
 """Pick the coordination backend and the instance bus from the settings.
 
 ``GEMMANET_REDIS_URL`` unset: the embedded memory backend (one instance). Set: Redis, with the
-password read from ``GEMMANET_REDIS_PASSWORD_FILE`` and every key under ``GEMMANET_KEY_PREFIX``.
+password read from ``GEMMANET_REDIS_PASSWORD_FILE``, every key under ``GEMMANET_KEY_PREFIX`` and,
+for rediss://, the server verified against ``GEMMANET_REDIS_CA_FILE`` when set.
 Both backends are async context managers; enter the result once, in the task that owns the
 app's lifetime::
 
@@ -34,6 +35,9 @@ def create_coordination(
     *,
     password_file: str | None = None,
     key_prefix: str = "gn",
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
     op_timeout_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> MemoryCoordination | RedisCoordination:
@@ -43,9 +47,13 @@ def create_coordination(
         return MemoryCoordination(clock)
     # Imported here: coredis costs a quarter of a second to import, memory users don't pay it.
     from coordinator.coordination.redis import RedisCoordination
+    from coordinator.coordination.redis_tls import private_ca_context
 
+    # With a CA file, the server certificate is verified against it (README "Redis identities
+    # and TLS"); without, coredis reads the rediss:// URL's ssl_* parameters itself.
+    ssl_context = private_ca_context(ca_file, cert_file, key_file) if ca_file else None
     return RedisCoordination.from_url_and_password_file(
-        redis_url, password_file, key_prefix, op_timeout_s=op_timeout_s
+        redis_url, password_file, key_prefix, op_timeout_s=op_timeout_s, ssl_context=ssl_context
     )
 
 

@@ -26,6 +26,7 @@ entered and exited by the same task.
 from __future__ import annotations
 
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, Self
@@ -97,8 +98,9 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
         subscription_keepalive_s: float = 5.0,
         subscription_stall_s: float = 10.0,
         subscriber_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(url, password=password, op_timeout_s=op_timeout_s)
+        super().__init__(url, password=password, op_timeout_s=op_timeout_s, ssl_context=ssl_context)
         self.key_prefix = key_prefix
         self.subscription_keepalive_s = subscription_keepalive_s
         #: how long an idle subscription's PING may go unanswered before it counts as lost

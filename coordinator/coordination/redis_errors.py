@@ -12,11 +12,18 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import trio
-from coredis.exceptions import RedisError, ResponseError, WrongTypeError
+from coredis.exceptions import (
+    AuthenticationFailureError,
+    AuthorizationError,
+    RedisError,
+    ResponseError,
+    WrongTypeError,
+)
 
 __all__ = [
     "FAILURES",
     "KEEPALIVE_FAILURES",
+    "acl_hint",
     "caused_by_cancellation",
     "describe",
     "is_failure",
@@ -68,6 +75,31 @@ def describe(exc: BaseException) -> str:
     if root is not exc and str(root) and str(root) not in text:
         text += f" ({type(root).__name__}: {root})"
     return text
+
+
+def acl_hint(exc: BaseException) -> str:
+    """What to check when Redis refused this identity (WRONGPASS) or one of its commands, keys
+    or channels (NOPERM), appended to the one-line report."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, AuthenticationFailureError):
+            return (
+                " (WRONGPASS: check the user name in GEMMANET_REDIS_URL and "
+                "GEMMANET_REDIS_PASSWORD_FILE; the ACL user may be disabled or deleted)"
+            )
+        if isinstance(current, AuthorizationError) or "user executing the script can't" in str(
+            current
+        ):
+            return " (NOPERM: the ACL user lacks this right; see `gemmanet redis-acl`)"
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return ""
 
 
 def misuse(exc: ResponseError, what: str) -> Exception | None:

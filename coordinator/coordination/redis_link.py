@@ -16,6 +16,7 @@ If coredis changes those internals, this module (and the subscription pump, whic
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from coredis.exceptions import NoScriptError, ResponseError
 
 from coordinator.coordination.base import CoordinationUnavailable, OpObserver
 from coordinator.coordination.redis_errors import (
+    acl_hint,
     caused_by_cancellation,
     describe,
     is_failure,
@@ -82,13 +84,25 @@ class RedisLink:
     """Connections to one Redis: lanes of multiplexed connections, dedicated ones, and the
     guard that bounds and classifies every operation. ``RedisCoordination`` builds on it."""
 
-    def __init__(self, url: str, *, password: str | None, op_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        password: str | None,
+        op_timeout_s: float,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         if not op_timeout_s > 0:
             raise ValueError("op_timeout_s must be positive")
+        if ssl_context is not None and not url.startswith("rediss://"):
+            # coredis would wrap even a redis:// connection in it: say what was meant instead.
+            raise SettingsError("a TLS context (GEMMANET_REDIS_CA_FILE) needs a rediss:// URL")
         self.url = redact_url(url)
         self.op_timeout_s = op_timeout_s
-        # Only parses the URL (scheme, TLS parameters, db, credentials); opens nothing.
-        self._pool = ConnectionPool.from_url(url, connect_timeout=op_timeout_s)
+        # Only parses the URL (scheme, TLS parameters, db, user name); opens nothing. The user
+        # name of the URL and the password go into HELLO 3 AUTH <user> <password>.
+        tls: dict[str, Any] = {} if ssl_context is None else {"ssl_context": ssl_context}
+        self._pool = ConnectionPool.from_url(url, connect_timeout=op_timeout_s, **tls)
         if password is not None:
             self._pool.connection_kwargs["password"] = password
         self._nursery: trio.Nursery | None = None
@@ -133,7 +147,7 @@ class RedisLink:
         # The pool parsed the URL into a location matching its connection class (TCP or UDS);
         # coredis types the two separately.
         connection: BaseConnection = pool.connection_class(
-            pool.location,  # type: ignore[arg-type]
+            pool.location,
             **pool.connection_kwargs,
         )
         await nursery.start(self._run_connection, connection)
@@ -234,7 +248,7 @@ class RedisLink:
                     # ConnectionError; let an outer cancellation win over our report.
                     await trio.lowlevel.checkpoint_if_cancelled()
                 raise CoordinationUnavailable(
-                    f"Redis at {self.url} failed on {what}: {describe(exc)}"
+                    f"Redis at {self.url} failed on {what}: {describe(exc)}{acl_hint(exc)}"
                 ) from exc
             # Our deadline, reported by coredis as ConnectionError: a timeout after all.
         if op.waiting_on is not None:
