@@ -65,3 +65,26 @@ def test_cross_instance_benchmark(tmp_path: Path) -> None:
     assert set(data["difference_ms"]) == {"p50", "p95", "p99"}
     assert all(isinstance(v, float) for v in data["difference_ms"].values())
     assert data["budget_ms"] == {"p95": 20.0, "p99": 50.0} and data["aim_ms"] == {"p95": 1.0}
+
+
+@pytest.mark.redis
+def test_scale_benchmark(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not found on PATH")
+    data = run_bench(
+        "tools.bench.scale", tmp_path / "scale.json",
+        "--nodes", "6,12", "--idle", "1", "--duration", "1", "--rate", "10",
+    )  # fmt: skip
+    assert data["benchmark"] == "scale" and positive(data["cores"])
+    assert [row["nodes"] for row in data["rows"]] == [6, 12]
+    for row in data["rows"]:
+        assert row["errors"] == {}, row
+        assert row["requests"] == 10, row
+        assert len(row["idle_cpu_per_instance"]) == 3
+        assert all(positive(c) for c in row["idle_cpu_per_instance"]), row
+        assert positive(row["redis_bytes_per_s"]), row
+        assert (
+            positive(row["latency_ms"]["p50"])
+            and row["latency_ms"]["p50"] <= row["latency_ms"]["p99"]
+        )
+        assert positive(row["placement"]["p50_us"]), row
