@@ -182,3 +182,28 @@ async def test_only_nodes_of_instances_beating_within_the_ttl_count_as_connected
     now[0] += 1.0  # B last beat 2.5 s ago: dead to its peers, and so are its nodes
     found = await _connected_nodes(coordination, alive_ttl_s=2.0)
     assert {n: c.instance_id for n, c in found.items()} == {"box-2": "A"}
+
+
+def test_the_json_document_has_exactly_the_documented_keys() -> None:
+    """docs/interface.md "The audit report": scripts rely on these names."""
+    node = ConnectedNode("box-1", "A", ("gemma:2b",), 4, 8.0)
+    observed = Observed(monitor=MONITOR, facts=facts(), connected={"box-1": node}, probes={})
+    doc = judge(SETTINGS, observed).document
+    assert list(doc) == [
+        "ready", "exit_code", "redis", "monitor", "timing", "hosts", "nodes", "catalog",
+        "reasons", "warnings",
+    ]  # fmt: skip
+    assert set(doc["redis"]) == {"url", "key_prefix", "reachable", "error"}
+    assert set(doc["monitor"]) == {"holder", "lease_epoch", "epoch", "fenced_rejects"}
+    assert set(doc["timing"]) == {
+        "poll_s", "election_ttl_s", "standby_retry_s", "poll_timeout_s", "bound_s",
+        "stale_window_s", "sum", "ok",
+    }  # fmt: skip
+    assert set(doc["hosts"][0]) == {
+        "host_id", "kind", "url", "memory_gb", "max_parallel", "weight", "has_facts",
+        "reachable", "error", "age_s", "epoch", "fresh", "resident", "models", "probe", "ready",
+    }  # fmt: skip
+    assert set(doc["nodes"][0]) == {
+        "node_id", "max_parallel", "vram_gb", "budget_from", "connected", "instance_id", "models",
+    }  # fmt: skip
+    assert set(doc["catalog"]) == {"models", "served_by", "unserved", "unlisted"}
