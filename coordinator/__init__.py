@@ -19,6 +19,7 @@ store/            the durable SQL store (API keys, node tokens, tasks, ratings)
 telemetry/        host telemetry samples: the sampler and ``gemmanet telemetry-agent``
 monitor/          the elected residency monitor: election, host polls, fenced facts,
                   ``gemmanet monitor`` and ``gemmanet prove-takeover``
+audit/            ``gemmanet audit``: is the cluster ready for the scheduler?
 """
 
 __version__ = "0.1.0"

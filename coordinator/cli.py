@@ -155,11 +155,29 @@ def _redis_acl(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_yet(what: str) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        return _fail(f"{what} is not available in this version yet (see the README's roadmap)", 2)
+def _audit(args: argparse.Namespace) -> int:
+    from coordinator.audit.command import run_audit_command
 
-    return handler
+    return run_audit_command(Settings.from_env(), as_json=args.json, probe=args.probe)
+
+
+def _add_audit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    audit = sub.add_parser(
+        "audit",
+        help="is the scheduler ready? per host: reachable, facts fresh, budgets, resident "
+        "models; the monitor, the timing bound, catalog gaps (exit 0 ready, 1 not ready, "
+        "2 bad settings, 3 Redis unreachable)",
+    )
+    audit.add_argument(
+        "--json", action="store_true", help="print the report as one JSON object (default: a table)"
+    )
+    audit.add_argument(
+        "--probe",
+        action="store_true",
+        help="also poll each host from here (timeout: the poll timeout, at most 2 s); a failed "
+        "probe is a warning, reachability itself comes from the monitor's facts (default: off)",
+    )
+    audit.set_defaults(handler=_audit)
 
 
 def _listen_arguments(parser: argparse.ArgumentParser) -> None:
@@ -278,12 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(handler=_sim)
 
     _add_monitor_commands(sub)
-    for name, what, helptext in [
-        ("audit", "the capacity audit", "capacity audit (seed 004)"),
-    ]:
-        stub = sub.add_parser(name, help=helptext)
-        stub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        stub.set_defaults(handler=_not_yet(what))
+    _add_audit_command(sub)
     return parser
 
 

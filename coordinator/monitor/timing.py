@@ -13,7 +13,12 @@ from __future__ import annotations
 from coordinator.errors import SettingsError
 from coordinator.settings import Settings
 
-__all__ = ["check_monitor_bound", "monitor_bound_s", "monitor_bound_sum"]
+__all__ = [
+    "check_monitor_bound",
+    "monitor_bound_s",
+    "monitor_bound_sum",
+    "monitor_timing_problems",
+]
 
 
 def monitor_bound_s(settings: Settings) -> float:
@@ -34,21 +39,40 @@ def monitor_bound_sum(settings: Settings) -> str:
     )
 
 
+def monitor_timing_problems(settings: Settings) -> list[tuple[str, str]]:
+    """What is wrong with the monitor timing, as (code, sentence) pairs: ``bound_exceeded``
+    when the staleness window cannot hold the bound, ``lease_shorter_than_tick`` when the lease
+    would expire before its holder's next renewal. Empty when the timing is sound."""
+    problems = []
+    if monitor_bound_s(settings) > settings.residency_stale_s + 1e-9:
+        problems.append(
+            (
+                "bound_exceeded",
+                (
+                    f"{monitor_bound_sum(settings)} exceeds GEMMANET_RESIDENCY_STALE_S="
+                    f"{settings.residency_stale_s:g} (GEMMANET_MONITOR_POLL_S, _TTL_S, _RETRY_S, "
+                    "_POLL_TIMEOUT_S)"
+                ),
+            )
+        )
+    # A primary renews once per tick, and a tick lasts up to poll interval + poll timeout.
+    if settings.monitor_ttl_s <= settings.monitor_poll_s + settings.monitor_poll_timeout_s:
+        problems.append(
+            (
+                "lease_shorter_than_tick",
+                (
+                    f"election TTL {settings.monitor_ttl_s:g} s must exceed poll "
+                    f"{settings.monitor_poll_s:g} + poll timeout "
+                    f"{settings.monitor_poll_timeout_s:g} s, or the primary loses its lease "
+                    "between two renewals"
+                ),
+            )
+        )
+    return problems
+
+
 def check_monitor_bound(settings: Settings) -> None:
     """Refuse, in one line, monitor timing that the staleness window cannot hold, or a lease
     that would expire before its holder's next renewal."""
-    bound = monitor_bound_s(settings)
-    if bound > settings.residency_stale_s + 1e-9:
-        raise SettingsError(
-            f"monitor timing refused: {monitor_bound_sum(settings)} exceeds "
-            f"GEMMANET_RESIDENCY_STALE_S={settings.residency_stale_s:g} (GEMMANET_MONITOR_POLL_S, "
-            "_TTL_S, _RETRY_S, _POLL_TIMEOUT_S)"
-        )
-    # A primary renews once per tick, and a tick lasts up to poll interval + poll timeout.
-    tick = settings.monitor_poll_s + settings.monitor_poll_timeout_s
-    if settings.monitor_ttl_s <= tick:
-        raise SettingsError(
-            f"monitor timing refused: election TTL {settings.monitor_ttl_s:g} s must exceed poll "
-            f"{settings.monitor_poll_s:g} + poll timeout {settings.monitor_poll_timeout_s:g} s, "
-            "or the primary loses its lease between two renewals"
-        )
+    for _, problem in monitor_timing_problems(settings)[:1]:
+        raise SettingsError(f"monitor timing refused: {problem}")

@@ -1,0 +1,8 @@
+"""``gemmanet audit``: is the cluster ready for the scheduler to place on direct hosts?
+(README "Monitor and fencing", docs/interface.md for the report and the exit codes.)
+
+findings.py   pure: the settings and what was read -> the report, its reasons and exit code
+observe.py    the reads: monitor lease, host facts, instance registry; ``--probe`` polls hosts
+render.py     the report as a readable table
+command.py    ``gemmanet audit``: observe, judge, print, exit code
+"""

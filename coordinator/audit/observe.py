@@ -1,0 +1,113 @@
+"""What ``gemmanet audit`` reads: from Redis, the monitor's lease and epoch, the fenced facts
+of every ``[hosts]`` entry and the instance registry (which agent nodes live instances hold);
+with ``--probe``, each host's own answer to one poll from this machine.
+
+Read-only in effect: the one call that writes is the registry read, which stamps the
+registry's "some presence call ran" pulse, as every instance's liveness read does. It passes a
+stall threshold longer than the registry keeps anyone, so it never records a stall window:
+such a window would excuse a silent instance's lapse when it comes back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import trio
+
+from coordinator.audit.findings import ConnectedNode, Observed
+from coordinator.coordination.base import Coordination, CoordinationUnavailable
+from coordinator.coordination.factory import create_coordination
+from coordinator.core import registry
+from coordinator.monitor.poller import poll_host
+from coordinator.settings import Settings
+
+__all__ = ["PROBE_TIMEOUT_S", "observe"]
+
+#: ``--probe``: each host gets this long (or the monitor's poll timeout, if shorter)
+PROBE_TIMEOUT_S = 2.0
+_NO_STALL_RECORD_S = 3600.0
+
+
+async def _connected_nodes(
+    coordination: Coordination, alive_ttl_s: float
+) -> dict[str, ConnectedNode]:
+    view = await coordination.presence_read(registry.PRESENCE, stall_after_s=_NO_STALL_RECORD_S)
+    found: dict[str, tuple[float, ConnectedNode]] = {}
+    for entry in view.entries:
+        # An instance that stopped beating is dead to its peers: its nodes do not count.
+        if view.now - entry.last_beat > alive_ttl_s:
+            continue
+        snapshot = registry.decode_snapshot(entry.data)
+        if snapshot is None:
+            continue
+        for node in snapshot.nodes:
+            # During a replace an identity shows on two instances: the newer connection wins.
+            if node.node_id in found and found[node.node_id][0] >= node.connected_at:
+                continue
+            live = ConnectedNode(
+                node.node_id,
+                snapshot.instance_id,
+                tuple(node.models),
+                node.max_parallel,
+                node.vram_gb,
+            )
+            found[node.node_id] = (node.connected_at, live)
+    return {node_id: live for node_id, (_, live) in sorted(found.items())}
+
+
+async def _read_store(settings: Settings) -> Observed:
+    coordination = create_coordination(
+        settings.redis_url,
+        password_file=settings.redis_password_file,
+        key_prefix=settings.key_prefix,
+        ca_file=settings.redis_ca_file,
+        cert_file=settings.redis_cert_file,
+        key_file=settings.redis_key_file,
+    )
+    async with coordination:
+        await coordination.ping()
+        monitor = await coordination.monitor_status()
+        hosts = sorted(settings.capacity.hosts)
+        facts = await coordination.host_facts(hosts) if hosts else {}
+        connected = await _connected_nodes(coordination, settings.alive_ttl_s)
+    return Observed(monitor=monitor, facts=facts, connected=connected)
+
+
+async def _probe_hosts(settings: Settings) -> dict[str, dict[str, Any]]:
+    timeout = min(PROBE_TIMEOUT_S, settings.monitor_poll_timeout_s)
+    records: dict[str, dict[str, Any]] = {}
+
+    async def one(client: httpx.AsyncClient, host_id: str) -> None:
+        records[host_id] = await poll_host(
+            client, host_id, settings.capacity.hosts[host_id], timeout
+        )
+
+    async with httpx.AsyncClient(timeout=timeout) as client, trio.open_nursery() as nursery:
+        for host_id in sorted(settings.capacity.hosts):
+            nursery.start_soon(one, client, host_id)
+    return dict(sorted(records.items()))
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+async def observe(settings: Settings, *, probe: bool) -> Observed:
+    """Everything the audit judges; a store that does not answer gives ``redis_error``."""
+    probes = await _probe_hosts(settings) if probe else None
+    redis_error = None
+    try:
+        observed = await _read_store(settings)
+    except* CoordinationUnavailable as group:
+        redis_error = str(_first_leaf(group))
+    if redis_error is not None:
+        return Observed(redis_error=redis_error, probes=probes)
+    return Observed(
+        monitor=observed.monitor,
+        facts=observed.facts,
+        connected=observed.connected,
+        probes=probes,
+    )

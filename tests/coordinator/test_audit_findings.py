@@ -1,0 +1,209 @@
+"""The audit's verdict (``coordinator/audit/findings.py``) on hand-made observations: each
+reason and warning at its boundary, and the exit code. Plus which agent nodes count as
+connected, read from a real registry (memory backend, injected clock). The end-to-end test
+(tests/e2e/test_audit.py) runs the same rules on real processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.audit.findings import ConnectedNode, Observed, judge
+from coordinator.audit.observe import _connected_nodes
+from coordinator.capacity import parse_capacity
+from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.monitor_types import HostFacts, MonitorStatus
+from coordinator.core import registry
+from coordinator.settings import Settings
+
+OPERATOR_FILE = """
+[models."llama3:8b"]
+resident_gb = 5.5
+[models."gemma:2b"]
+resident_gb = 1.7
+[nodes."box-1"]
+vram_gb = 24
+[hosts."box-c"]
+url = "http://box-c:11434"
+kind = "ollama"
+memory_gb = 8
+"""
+SETTINGS = Settings(capacity=parse_capacity(OPERATOR_FILE), redis_url="redis://r:6379/0")
+MONITOR = MonitorStatus(holder="m1", lease_epoch=3, epoch=3, fenced_rejects=0)
+
+
+def facts(
+    age_s: float = 1.0,
+    epoch: int = 3,
+    reachable: bool = True,
+    resident: dict[str, float] | None = None,
+) -> dict[str, HostFacts]:
+    record = {
+        "host_id": "box-c",
+        "kind": "ollama",
+        "reachable": reachable,
+        "resident": {"llama3:8b": 5.5} if resident is None else resident,
+        "models": ["llama3:8b"],
+        "epoch": epoch,
+    }
+    if not reachable:
+        record["error"] = "ConnectError: refused"
+    return {"box-c": HostFacts("box-c", record, 100.0, age_s)}
+
+
+def reason_codes(observed: Observed, settings: Settings = SETTINGS) -> list[tuple[str, object]]:
+    return [(f.code, f.subject) for f in judge(settings, observed).reasons]
+
+
+def test_fresh_reachable_facts_under_a_held_lease_are_ready() -> None:
+    report = judge(SETTINGS, Observed(monitor=MONITOR, facts=facts()))
+    assert report.exit_code == 0 and report.reasons == []
+    assert report.document["ready"] is True
+    assert report.document["hosts"][0]["fresh"] is True
+
+
+@pytest.mark.parametrize(
+    "age_s,stale", [(15.0, False), (15.001, True), (14.9, False), (40.0, True)]
+)
+def test_facts_older_than_the_window_are_stale(age_s: float, stale: bool) -> None:
+    expected = [("stale_facts", "box-c")] if stale else []
+    assert reason_codes(Observed(monitor=MONITOR, facts=facts(age_s=age_s))) == expected
+
+
+def test_facts_of_an_older_epoch_are_stale_however_young() -> None:
+    observed = Observed(monitor=MONITOR, facts=facts(age_s=0.1, epoch=2))
+    assert reason_codes(observed) == [("stale_facts", "box-c")]
+    report = judge(SETTINGS, observed)
+    assert "epoch 2" in report.reasons[0].message and report.document["hosts"][0]["fresh"] is False
+
+
+def test_a_host_that_missed_the_last_poll_is_not_ready() -> None:
+    report = judge(SETTINGS, Observed(monitor=MONITOR, facts=facts(reachable=False)))
+    assert [(f.code, f.subject) for f in report.reasons] == [("host_unreachable", "box-c")]
+    assert "ConnectError" in report.reasons[0].message and report.exit_code == 1
+
+
+def test_no_lease_and_no_facts_are_reasons() -> None:
+    nobody = MonitorStatus(holder=None, lease_epoch=None, epoch=3, fenced_rejects=0)
+    assert reason_codes(Observed(monitor=nobody)) == [("no_monitor", None), ("no_facts", "box-c")]
+
+
+def test_an_operator_file_without_hosts_is_not_ready() -> None:
+    settings = Settings(capacity=parse_capacity(""), redis_url="redis://r:6379/0")
+    assert reason_codes(Observed(monitor=MONITOR), settings) == [("no_hosts", None)]
+
+
+@pytest.mark.parametrize(
+    "timing,expected",
+    [
+        ({"residency_stale_s": 12.0}, []),  # 2 + 5 + 1 + 2 x 2 = 12: exactly fits
+        ({"residency_stale_s": 11.9}, ["bound_exceeded"]),
+        ({"monitor_ttl_s": 4.0, "residency_stale_s": 15.0}, ["lease_shorter_than_tick"]),
+    ],
+)
+def test_the_timing_bound_against_the_window(timing: dict[str, float], expected: list[str]) -> None:
+    settings = SETTINGS.with_(**timing)
+    observed = Observed(monitor=MONITOR, facts=facts(age_s=0.5))
+    report = judge(settings, observed)
+    assert [f.code for f in report.reasons] == expected
+    assert report.document["timing"]["ok"] is (not expected)
+    assert report.exit_code == (1 if expected else 0)
+
+
+def test_redis_unreachable_is_exit_3_and_still_judges_the_settings() -> None:
+    report = judge(SETTINGS.with_(residency_stale_s=5.0), Observed(redis_error="refused"))
+    assert report.exit_code == 3
+    assert [f.code for f in report.reasons] == ["redis_unreachable", "bound_exceeded"]
+    assert report.document["catalog"] is None and report.document["nodes"][0]["connected"] is None
+
+
+def test_catalog_gaps_are_warnings_and_only_ready_hosts_serve() -> None:
+    node = ConnectedNode("box-1", "A", ("gemma:2b",), 4, 8.0)
+    ready = judge(
+        SETTINGS,
+        Observed(
+            monitor=MONITOR, facts=facts(resident={"qwen:0.5b": 0.4}), connected={"box-1": node}
+        ),
+    )
+    assert ready.exit_code == 0
+    catalog = ready.document["catalog"]
+    assert catalog["served_by"] == {"gemma:2b": ["box-1"], "llama3:8b": ["box-c"]}
+    assert catalog["unserved"] == [] and catalog["unlisted"] == {"qwen:0.5b": ["box-c"]}
+    assert [(w.code, w.subject) for w in ready.warnings] == [("catalog_unlisted", "qwen:0.5b")]
+    # The node's budgets: the operator file's memory, its hello's parallelism.
+    assert ready.document["nodes"][0] == {
+        "node_id": "box-1", "max_parallel": 4, "vram_gb": 24.0, "budget_from": "operator file",
+        "connected": True, "instance_id": "A", "models": ["gemma:2b"],
+    }  # fmt: skip
+    # A stale host serves nothing: its models become gaps, and box-1 is not connected.
+    stale = judge(SETTINGS, Observed(monitor=MONITOR, facts=facts(age_s=99)))
+    assert stale.document["catalog"]["unserved"] == ["gemma:2b", "llama3:8b"]
+    assert [(w.code, w.subject) for w in stale.warnings] == [
+        ("node_not_connected", "box-1"),
+        ("catalog_unserved", "gemma:2b"),
+        ("catalog_unserved", "llama3:8b"),
+    ]
+
+
+def test_resident_models_over_the_hosts_memory_budget_are_a_warning() -> None:
+    over = facts(resident={"llama3:8b": 5.5, "gemma:2b": 2.6})  # 8.1 GB > 8 GB
+    report = judge(SETTINGS, Observed(monitor=MONITOR, facts=over))
+    assert ("over_memory_budget", "box-c") in [(w.code, w.subject) for w in report.warnings]
+    fits = judge(SETTINGS, Observed(monitor=MONITOR, facts=facts(resident={"gemma:2b": 8.0})))
+    assert "over_memory_budget" not in [w.code for w in fits.warnings]
+
+
+async def test_only_nodes_of_instances_beating_within_the_ttl_count_as_connected() -> None:
+    now = [1000.0]
+    coordination = MemoryCoordination(lambda: now[0])
+
+    async def beat(instance: str, *nodes: tuple[str, float]) -> None:
+        entries = [
+            registry.NodeEntry(
+                node_id=node_id, conn_id=f"{instance}-{node_id}", models=["m"],
+                max_parallel=1, in_flight=0, connected_at=connected_at,
+            )
+            for node_id, connected_at in nodes
+        ]  # fmt: skip
+        snapshot = registry.InstanceSnapshot(instance_id=instance, in_flight=0, nodes=entries)
+        await coordination.presence_beat(
+            registry.PRESENCE,
+            instance,
+            registry.encode_snapshot(snapshot),
+            stall_after_s=0.7,
+            forget_after_s=60,
+        )
+
+    await beat("B", ("box-1", 1.0), ("box-2", 5.0))
+    now[0] += 1.5
+    # box-2 reconnected on A: the newer connection wins, whichever instance is read first.
+    await beat("A", ("box-2", 9.0))
+    found = await _connected_nodes(coordination, alive_ttl_s=2.0)
+    assert {n: c.instance_id for n, c in found.items()} == {"box-1": "B", "box-2": "A"}
+    now[0] += 1.0  # B last beat 2.5 s ago: dead to its peers, and so are its nodes
+    found = await _connected_nodes(coordination, alive_ttl_s=2.0)
+    assert {n: c.instance_id for n, c in found.items()} == {"box-2": "A"}
+
+
+def test_the_json_document_has_exactly_the_documented_keys() -> None:
+    """docs/interface.md "The audit report": scripts rely on these names."""
+    node = ConnectedNode("box-1", "A", ("gemma:2b",), 4, 8.0)
+    observed = Observed(monitor=MONITOR, facts=facts(), connected={"box-1": node}, probes={})
+    doc = judge(SETTINGS, observed).document
+    assert list(doc) == [
+        "ready", "exit_code", "redis", "monitor", "timing", "hosts", "nodes", "catalog",
+        "reasons", "warnings",
+    ]  # fmt: skip
+    assert set(doc["redis"]) == {"url", "key_prefix", "reachable", "error"}
+    assert set(doc["monitor"]) == {"holder", "lease_epoch", "epoch", "fenced_rejects"}
+    assert set(doc["timing"]) == {
+        "poll_s", "election_ttl_s", "standby_retry_s", "poll_timeout_s", "bound_s",
+        "stale_window_s", "sum", "ok",
+    }  # fmt: skip
+    assert set(doc["hosts"][0]) == {
+        "host_id", "kind", "url", "memory_gb", "max_parallel", "weight", "has_facts",
+        "reachable", "error", "age_s", "epoch", "fresh", "resident", "models", "probe", "ready",
+    }  # fmt: skip
+    assert set(doc["nodes"][0]) == {
+        "node_id", "max_parallel", "vram_gb", "budget_from", "connected", "instance_id", "models",
+    }  # fmt: skip
+    assert set(doc["catalog"]) == {"models", "served_by", "unserved", "unlisted"}
