@@ -19,6 +19,8 @@ store/            the durable SQL store (API keys, node tokens, tasks, ratings)
 telemetry/        host telemetry samples: the sampler and ``gemmanet telemetry-agent``
 monitor/          the elected residency monitor: election, host polls, fenced facts,
                   ``gemmanet monitor`` and ``gemmanet prove-takeover``
+hosts/            direct model hosts: their wire formats, the calls an instance makes to
+                  them, reading the monitor's facts for placement
 """
 
 __version__ = "0.1.0"

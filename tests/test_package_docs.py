@@ -17,6 +17,7 @@ LISTED = [
     "coordinator/core",
     "coordinator/telemetry",
     "coordinator/monitor",
+    "coordinator/hosts",
     "sim",
 ]
 
