@@ -22,6 +22,7 @@ from coordinator.core.effects import (
     StopHostCall,
 )
 from coordinator.core.instance_machine import InstanceMachine
+from coordinator.core.node_table import NodeConnection
 from coordinator.errors import NoNodeForModel
 from protocol import Assign, BusChunk, BusResult, TaskErrorCode, TaskFailure
 
@@ -129,6 +130,29 @@ def test_a_model_the_host_has_but_has_not_loaded_is_placed_on_it() -> None:
     assert submit(machine(read(models=("llama3",), resident={}))) == [Reserve("t1", 1)]
     # And one it has loaded only (as /api/ps lists it).
     assert submit(machine(read(models=(), resident={"llama3": 4.0}))) == [Reserve("t1", 1)]
+
+
+def test_a_host_is_no_candidate_for_a_model_only_a_node_serves() -> None:
+    m = machine(read(models=("llama3",)))
+    node = NodeConnection(
+        conn_id="c-1",
+        node_id="n1",
+        models=frozenset({"mistral", "llama3"}),
+        max_parallel=1,
+        vram_gb=None,
+        agent_version="test",
+        connected_at=0.0,
+        last_seen=100.0,
+    )
+    m.node_connected(node, 100.0)
+    submit(m, model="mistral")
+    assert [v.node_id for v in m.requester.candidates("t1", 1, 100.0) or []] == ["n1"]
+    m.request_ended("t1", "ok", 100.0)
+    submit(m, model="llama3")
+    assert sorted(v.node_id for v in m.requester.candidates("t1", 1, 100.0) or []) == [
+        "box",
+        "n1",
+    ]
 
 
 def test_facts_that_age_past_the_window_after_the_read_stop_placement() -> None:
