@@ -8,8 +8,10 @@ from coordinator.core.direct_hosts import DIRECT_OWNER
 from coordinator.core.instance_machine import InstanceMachine
 
 
-def served_models(machine: InstanceMachine) -> list[str]:
-    return sorted({m for view in machine.views() for m in view.models})
+def served_models(machine: InstanceMachine, now: float | None = None) -> list[str]:
+    """Models an online node serves, and given ``now``, a direct host placement may use."""
+    hosts = machine.hosts.views(now) if now is not None else []
+    return sorted({m for view in machine.views() + hosts for m in view.models})
 
 
 def status(

@@ -529,7 +529,7 @@ class Instance:
     async def cluster_status(self) -> dict[str, object]:
         queued: dict[str, int] | None = None
         try:
-            models = cluster_view.served_models(self.machine)
+            models = cluster_view.served_models(self.machine, self.clock())
             queued = await self.coordination.queue_depths(models, self.admissions.rules)
         except CoordinationUnavailable as exc:
             log.warning("status: cannot read the admission queues: %s", exc)

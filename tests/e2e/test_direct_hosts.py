@@ -99,6 +99,8 @@ def test_any_instance_serves_a_request_on_the_host_itself_plain_and_streamed(
     assert [e["delta"] for e in events[:-1]] == ["three ", "little ", "words"], events
     assert events[-1]["done"] is True and events[-1]["node_id"] == HOST, events
 
+    # The host's model counts among the served ones (queue depths per model).
+    assert a.status()["queued"] == {"llama3": 0}
     # The host itself answered both, and nobody holds a lease any more.
     assert host.stats()["completed"] == 2, host.stats()
     wait_until(lambda: host_info(a)["leases"] == 0, "the host's leases given back")
@@ -158,3 +160,16 @@ def test_a_failing_host_gives_502_a_slow_one_504_and_the_lease_is_given_back(
     # own backstop, 5 s past the deadline).
     wait_until(lambda: host.stats()["aborted"] == 1, "the host call dropped", timeout_s=3)
     assert host_info(a)["in_flight"] == 0
+
+
+def test_a_single_instance_with_its_own_monitor_places_on_the_host(procs, tmp_path) -> None:
+    # The embedded backend, no Redis: the instance elects itself monitor (GEMMANET_MONITOR=1).
+    host = FakeHost(procs)
+    capacity = tmp_path / "capacity.toml"
+    capacity.write_text(f'[hosts."{HOST}"]\nurl = "{host.url}"\nkind = "ollama"\n')
+    solo = procs.coordinator(GEMMANET_CAPACITY_FILE=str(capacity), GEMMANET_MONITOR="1", **FAST)
+    wait_until(lambda: host_state(solo) == "ok", "fresh host facts")
+    key = procs.create_key("solo")
+    answer = solo.request(key, model="llama3", prompt="all by myself", stream=True)
+    assert answer.status_code == 200, answer.text
+    assert sse_events(answer)[-1]["output"] == "all by myself"
