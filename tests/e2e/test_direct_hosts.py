@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trio
 
 from tests.fixtures.processes import CLI, Coordinator, Processes, free_port, wait_until
 
@@ -48,14 +49,17 @@ class FakeHost:
         return httpx.get(self.url + "/_fake/stats", timeout=5).json()  # type: ignore[no-any-return]
 
 
-def start(procs: Processes, redis_server: object, tmp_path: Path) -> FakeHost:
+def start(
+    procs: Processes, redis_server: object, tmp_path: Path, *, max_parallel: int = 2, **env: str
+) -> FakeHost:
     host = FakeHost(procs)
     capacity = tmp_path / "capacity.toml"
     capacity.write_text(
-        f'[hosts."{HOST}"]\nurl = "{host.url}"\nkind = "ollama"\nmemory_gb = 24\nmax_parallel = 2\n'
+        f'[hosts."{HOST}"]\nurl = "{host.url}"\nkind = "ollama"\nmemory_gb = 24\n'
+        f"max_parallel = {max_parallel}\n"
     )
     procs.share_redis(
-        redis_server, f"dh{os.getpid()}", GEMMANET_CAPACITY_FILE=str(capacity), **FAST
+        redis_server, f"dh{os.getpid()}", GEMMANET_CAPACITY_FILE=str(capacity), **FAST, **env
     )
     return host
 
@@ -108,6 +112,39 @@ def test_any_instance_serves_a_request_on_the_host_itself_plain_and_streamed(
     missing = a.request(key, model="mistral", prompt="x")
     assert missing.status_code == 503, missing.text
     assert missing.json()["error"]["code"] == "no_node_for_model"
+
+
+async def test_the_hosts_parallel_budget_holds_across_instances(
+    procs, redis_server, tmp_path
+) -> None:
+    host = start(procs, redis_server, tmp_path, max_parallel=1, GEMMANET_QUEUE_TIMEOUT_S="0.5")
+    a, b = procs.two_instances()
+    monitor(procs, "m1")
+    wait_until(lambda: host_state(a) == "ok" and host_state(b) == "ok", "fresh host facts")
+    host.configure(chunk_delay_ms=500)
+    key = procs.create_key("budget")
+    answers: dict[str, httpx.Response] = {}
+
+    async def ask(coord: Coordinator, prompt: str) -> None:
+        async with httpx.AsyncClient(base_url=coord.url, timeout=30) as client:
+            answers[prompt] = await client.post(
+                "/api/v1/request",
+                json={"model": "llama3", "prompt": prompt},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, a, "a slow answer of six words")  # 2.5 s on the host
+        await trio.sleep(0.8)
+        nursery.start_soon(ask, b, "from b")  # A's lease holds the only slot
+    assert answers["a slow answer of six words"].status_code == 200
+    busy = answers["from b"]
+    assert busy.status_code == 503, busy.text
+    assert busy.json()["error"]["code"] == "all_nodes_busy" and "Retry-After" in busy.headers
+    assert host.stats()["requests"] == 1  # B never called the host
+    wait_until(lambda: host_info(b)["leases"] == 0, "the lease given back")
+    host.configure(chunk_delay_ms=0)
+    assert b.request(key, model="llama3", prompt="now b").status_code == 200
 
 
 def test_a_host_whose_facts_go_stale_gets_no_work_until_they_are_fresh_again(
