@@ -32,6 +32,14 @@ log = logging.getLogger("gemmanet.hosts")
 
 READ_S = 0.5
 
+_SAYS = {
+    "ok": "its facts are fresh, a candidate",
+    "no_facts": "no monitor facts, not a candidate",
+    "unreachable": "unreachable at the monitor's last poll, not a candidate",
+    "old_epoch": "facts of an earlier monitor epoch, not a candidate",
+    "stale": "facts older than GEMMANET_RESIDENCY_STALE_S, not a candidate",
+}
+
 
 def host_read(facts: HostFacts, read_at: float) -> HostRead:
     models = facts.record.get("models")
@@ -64,6 +72,8 @@ class HostFactsReader:
         self._coordination = coordination
         self._hosts = hosts
         self._clock = clock
+        # host id -> its state at the last read, to log each change once
+        self._states: dict[str, str] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not self._hosts:
@@ -98,6 +108,16 @@ class HostFactsReader:
         except CoordinationUnavailable as exc:
             log.warning("cannot write the direct hosts' lease facts: %s", exc)
         self._hosts.facts_read(reads, current)
+        self._log_changes()
+
+    def _log_changes(self) -> None:
+        now = self._clock()
+        for host_id in sorted(self._hosts.terms):
+            state = self._hosts.state(host_id, now)
+            if self._states.get(host_id, "no_facts") != state:
+                level = logging.INFO if state == "ok" else logging.WARNING
+                log.log(level, "direct host %s: %s for placement", host_id, _SAYS[state])
+            self._states[host_id] = state
 
     def _lease_facts(self, host_id: str, read: HostRead) -> NodeFacts:
         terms = self._hosts.terms[host_id]

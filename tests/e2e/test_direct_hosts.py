@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -158,7 +159,9 @@ def test_a_host_whose_facts_go_stale_gets_no_work_until_they_are_fresh_again(
     assert a.request(key, model="llama3", prompt="before").status_code == 200
 
     first.send_signal(signal.SIGKILL)  # nobody refreshes the facts any more
+    killed = time.monotonic()
     wait_until(lambda: host_state(a) == "stale", "stale host facts", timeout_s=10)
+    print(f"host stale {time.monotonic() - killed:.2f} s after its monitor was killed")
     refused = a.request(key, model="llama3", prompt="while stale")
     assert refused.status_code == 503, refused.text
     assert refused.json()["error"]["code"] == "no_node_for_model"
