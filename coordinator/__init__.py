@@ -20,6 +20,8 @@ telemetry/        host telemetry samples: the sampler and ``gemmanet telemetry-a
 monitor/          the elected residency monitor: election, host polls, fenced facts,
                   ``gemmanet monitor`` and ``gemmanet prove-takeover``
 audit/            ``gemmanet audit``: is the cluster ready for the scheduler?
+hosts/            direct model hosts: their wire formats, the calls an instance makes to
+                  them, reading the monitor's facts for placement
 """
 
 __version__ = "0.1.0"

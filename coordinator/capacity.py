@@ -15,7 +15,7 @@ catalog that placement charges against each node's memory budget.
     kind = "ollama"          # or "openai" (an OpenAI-compatible server)
     memory_gb = 24           # its memory budget
     max_parallel = 2
-    weight = 1.0             # relative share of placement (next: placement on hosts)
+    weight = 1.0             # relative share of placement (read, not used yet)
 
 A model without a catalog entry is placed on the parallel budget alone; a node's parallelism is
 never inferred from its memory. Every instance should read the same file.

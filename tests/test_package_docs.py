@@ -18,6 +18,7 @@ LISTED = [
     "coordinator/telemetry",
     "coordinator/monitor",
     "coordinator/audit",
+    "coordinator/hosts",
     "sim",
 ]
 

@@ -114,6 +114,14 @@ class NodeInfo(_Response):
     # The node's latest host telemetry sample from its heartbeats (README "Host telemetry"),
     # as stored by its owner instance; None when it sent none (or the store cannot be read).
     telemetry: TelemetrySample | None = None
+    # "agent": a node connected over WebSocket; "direct": a direct model host of the operator
+    # file, called by the requesting instance itself (``instance_id`` is then "direct",
+    # ``agent_version`` the host's kind, ``vram_gb`` its memory budget).
+    kind: str = "agent"
+    # Direct hosts only: "ok" (placement may use it), or why not: "no_facts", "unreachable",
+    # "old_epoch" (written under an earlier monitor epoch), "stale" (older than
+    # GEMMANET_RESIDENCY_STALE_S).
+    host_state: str | None = None
 
 
 class NodesResponse(_Response):

@@ -11,6 +11,7 @@
     registry.py          the shared registry as data: snapshots, keys, the cluster-wide view
     liveness.py          who is dead, from what was read; the failover bound
     cluster_view.py      what /api/v1/status and /api/v1/nodes report
+    direct_hosts.py      whether a direct model host may be placed on now (fail closed)
 
 The trio shell (coordinator/runtime/) feeds these events and carries out what they return;
 the simulator (sim/) drives the very same objects on a virtual clock.

@@ -4,11 +4,14 @@ instance's own state plus the last snapshots of its live peers. Pure."""
 from __future__ import annotations
 
 from coordinator.core import registry
+from coordinator.core.direct_hosts import DIRECT_OWNER
 from coordinator.core.instance_machine import InstanceMachine
 
 
-def served_models(machine: InstanceMachine) -> list[str]:
-    return sorted({m for view in machine.views() for m in view.models})
+def served_models(machine: InstanceMachine, now: float | None = None) -> list[str]:
+    """Models an online node serves, and given ``now``, a direct host placement may use."""
+    hosts = machine.hosts.views(now) if now is not None else []
+    return sorted({m for view in machine.views() + hosts for m in view.models})
 
 
 def status(
@@ -47,12 +50,36 @@ def diagnostics(
     }
 
 
+def host_infos(machine: InstanceMachine, now: float) -> dict[str, dict[str, object]]:
+    """Every configured direct host (``kind: "direct"``, no owner instance), with whether
+    placement may use it now (``host_state``) and, only while it may, the models it serves;
+    ``in_flight`` counts this instance's calls (other instances call it too)."""
+    hosts = machine.hosts
+    infos: dict[str, dict[str, object]] = {}
+    for host_id, terms in sorted(hosts.terms.items()):
+        state, read = hosts.state(host_id, now), hosts.read(host_id)
+        infos[host_id] = {
+            "node_id": host_id,
+            "instance_id": DIRECT_OWNER,
+            "kind": "direct",
+            "host_state": state,
+            "models": sorted(read.serves()) if read is not None and state == "ok" else [],
+            "max_parallel": terms.max_parallel,
+            "in_flight": hosts.in_flight(host_id),
+            "vram_gb": terms.memory_gb,
+            "agent_version": terms.kind,
+            "connected_at": None,
+        }
+    return infos
+
+
 def node_infos(
-    machine: InstanceMachine, usage: dict[str, tuple[int, float]] | None
+    machine: InstanceMachine, usage: dict[str, tuple[int, float]] | None, now: float | None = None
 ) -> list[dict[str, object]]:
     """Every online node, here or on a live peer, by node id (one entry per identity: the
     local connection wins while an identity moves between instances), with its lease usage
-    (``usage``: node id -> (leases, memory in use in GB); None: the store could not be read)."""
+    (``usage``: node id -> (leases, memory in use in GB); None: the store could not be read).
+    Given ``now``, the direct hosts too."""
     infos: dict[str, dict[str, object]] = {}
     for conn in machine.owner.nodes.connections():
         infos[conn.node_id] = {
@@ -80,6 +107,9 @@ def node_infos(
                     "connected_at": entry.connected_at,
                 },
             )
+    if now is not None:
+        for host_id, info in host_infos(machine, now).items():
+            infos.setdefault(host_id, info)
     for node_id, info in infos.items():
         mean, count = machine.ratings.get(node_id, (None, 0))
         info["rating"], info["ratings"] = mean, count

@@ -146,6 +146,25 @@ class NodeFactsChanged:
     gone: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class CallHost:
+    """Run the task on a direct model host: this instance calls it over HTTP and reports what
+    it answers as that host's chunks and result (``InstanceMachine.host_answer``)."""
+
+    host_id: str
+    envelope: BusAssign
+    #: the task's deadline: the call never outlives it by more than a grace period
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class StopHostCall:
+    """Nobody waits for the task's host call any more (answered elsewhere, client gone,
+    timed out): cancel it, which drops its HTTP connection and stops the generation."""
+
+    task_id: str
+
+
 Effect = (
     SendToNode
     | CloseNode
@@ -158,4 +177,6 @@ Effect = (
     | ReleaseLease
     | WakeQueue
     | NodeFactsChanged
+    | CallHost
+    | StopHostCall
 )

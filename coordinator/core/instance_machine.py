@@ -4,6 +4,9 @@ It joins the ``Requester`` (tasks this instance's clients asked for) and the ``O
 node connections this instance holds). Envelopes one side addresses to this very instance go
 straight to the other side without touching the bus, so a single instance is simply the same
 machine with no peers: a local task is an assign from this requester to this owner.
+A direct model host (``direct_hosts.py``) is a node whose owner is every instance itself: an
+assign to it becomes a ``CallHost`` effect, and what the host answers comes back through
+``host_answer`` as the chunks and result an owner would have sent.
 
 Every method takes an event and the current time, and returns the effects for the shell
 (``coordinator/core/effects.py``); nothing here does I/O, reads a clock or draws randomness
@@ -17,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from coordinator.core import registry
-from coordinator.core.effects import Dispatch, Effect, Publish, WakeQueue
+from coordinator.core.direct_hosts import DirectHosts
+from coordinator.core.effects import CallHost, Dispatch, Effect, Publish, StopHostCall, WakeQueue
 from coordinator.core.node_table import NodeConnection
 from coordinator.core.owner import Owner
 from coordinator.core.placement import NodeView
@@ -51,10 +55,18 @@ class InstanceMachine:
         rng: random.Random,
         incarnation: str = "",
         tracks_keys: bool = False,
+        hosts: DirectHosts | None = None,
     ) -> None:
         self.me = instance_id
         self.owner = Owner(instance_id, forward_grace_s=forward_grace_s, incarnation=incarnation)
-        self.requester = Requester(instance_id, views=self.views, rng=rng, tracks_keys=tracks_keys)
+        self.hosts = hosts if hosts is not None else DirectHosts(instance_id, {}, 0.0)
+        self.requester = Requester(
+            instance_id,
+            views=self.views,
+            rng=rng,
+            tracks_keys=tracks_keys,
+            host_views=self.hosts.views if self.hosts else None,
+        )
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
         self._remote_views: list[NodeView] | None = None
@@ -104,7 +116,7 @@ class InstanceMachine:
 
     def submit(self, assign: Assign, deadline: float, now: float, key_id: str = "") -> list[Effect]:
         """A client's task. Raises NoNodeForModel when no online node serves its model."""
-        return self._route(self.requester.submit(assign, deadline, key_id), now)
+        return self._route(self.requester.submit(assign, deadline, key_id, now), now)
 
     def reserved(
         self, task_id: str, attempt: int, view: NodeView, lease_id: str, now: float
@@ -150,6 +162,12 @@ class InstanceMachine:
     # -- peers and the bus ------------------------------------------------------------------
 
     def bus_envelope(self, envelope: BusEnvelope, now: float) -> list[Effect]:
+        return self._route(self._receive(envelope, now), now)
+
+    def host_answer(self, envelope: BusChunk | BusResult, now: float) -> list[Effect]:
+        """A direct host's chunk or result, for a call this instance runs."""
+        if isinstance(envelope, BusResult):
+            self.hosts.finished(envelope.task_id)
         return self._route(self._receive(envelope, now), now)
 
     def answer_unreached(self, task_id: str, now: float) -> list[Effect]:
@@ -205,8 +223,26 @@ class InstanceMachine:
         place, so the order of everything a request sees is the order it happened in."""
         out: list[Effect] = []
         for effect in effects:
-            if isinstance(effect, Publish) and effect.target == self.me:
+            if (
+                isinstance(effect, Publish)
+                and effect.target == self.me
+                and isinstance(effect.envelope, BusCancel)
+                and self.hosts.finished(effect.envelope.task_id)
+            ):
+                out.append(StopHostCall(effect.envelope.task_id))
+            elif isinstance(effect, Publish) and effect.target == self.me:
                 out += self._route(self._receive(effect.envelope, now), now)
+            elif (
+                isinstance(effect, Dispatch)
+                and effect.target == self.me
+                and (host_id := self.hosts.host_of_conn(effect.envelope.conn_id)) is not None
+            ):
+                task_id = effect.envelope.task_id
+                # The call starts now; its task is tracked like any other assigned to a node.
+                deadline = self.requester.deadline_of(task_id)
+                self.hosts.started(task_id, host_id)
+                out += self._route(self.requester.dispatched(task_id, effect.placement), now)
+                out.append(CallHost(host_id, effect.envelope, deadline if deadline else now))
             elif isinstance(effect, Dispatch) and effect.target == self.me:
                 task_id = effect.envelope.task_id
                 # Received, by definition; then whatever the owner says about it.

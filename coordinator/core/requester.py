@@ -136,12 +136,15 @@ class Requester:
         views: Callable[[], list[NodeView]],
         rng: random.Random,
         tracks_keys: bool = False,
+        host_views: Callable[[float], list[NodeView]] | None = None,
     ) -> None:
         self.me = instance_id
         # API keys have an active-request limit: every request holds an entry in the store.
         self._tracks_keys = tracks_keys
         self.tracker = TaskTracker()
         self._views = views
+        # Direct model hosts: candidates only while their facts are fresh, so at a given time.
+        self._host_views = host_views
         self._rng = rng
         self._requests: dict[str, Request] = {}
 
@@ -150,22 +153,29 @@ class Requester:
 
     # -- placement --------------------------------------------------------------------------
 
-    def submit(self, assign: Assign, deadline: float, key_id: str = "") -> list[Effect]:
+    def submit(
+        self, assign: Assign, deadline: float, key_id: str = "", now: float | None = None
+    ) -> list[Effect]:
         """Take a new task: ask for a lease on a node serving its model. Raises NoNodeForModel
-        when no online node serves it (refused at once, never queued)."""
-        if not any(assign.model in v.models for v in self._views()):
+        when no online node (nor, given ``now``, direct host) serves it (refused at once,
+        never queued)."""
+        if not any(assign.model in v.models for v in self._all_views(now)):
             raise no_node_serves(assign.model)
         request = Request(assign, deadline, key_id=key_id, attempt=1)
         self._requests[assign.task_id] = request
         return [Reserve(assign.task_id, 1)]
 
-    def candidates(self, task_id: str, attempt: int) -> list[NodeView] | None:
+    def candidates(
+        self, task_id: str, attempt: int, now: float | None = None
+    ) -> list[NodeView] | None:
         """The nodes to try for the lease, best first (None: the attempt is over). Nodes
-        that refused this task as full come last; gone ones not at all."""
+        that refused this task as full come last; gone ones not at all. Direct hosts are
+        candidates only given ``now`` (their facts must be fresh at that time)."""
         request = self._requests.get(task_id)
         if request is None or request.attempt != attempt or request.lease is not None:
             return None
-        ranked = rank_candidates(self._serving(request), rng=self._rng, last=request.full)
+        serving = self._serving(request, now)
+        ranked = rank_candidates(serving, rng=self._rng, last=request.full)
         return ranked[:MAX_CANDIDATES]
 
     def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:
@@ -202,6 +212,10 @@ class Requester:
     def key_of(self, task_id: str) -> str:
         request = self._requests.get(task_id)
         return "" if request is None else request.key_id
+
+    def deadline_of(self, task_id: str) -> float | None:
+        request = self._requests.get(task_id)
+        return None if request is None else request.deadline
 
     def leases(self) -> list[tuple[str, str]]:
         """Every lease this instance holds, to renew."""
@@ -243,17 +257,23 @@ class Requester:
         if now >= request.deadline or request.placements >= MAX_PLACEMENTS:
             return effects + self._fail(task_id, why)
         request.attempt += 1
-        if not self.candidates(task_id, request.attempt):
+        if not self.candidates(task_id, request.attempt, now):
             error = why if keep_why else no_node_serves(request.assign.model)
             return effects + self._fail(task_id, error)
         return [*effects, Reserve(task_id, request.attempt)]
 
-    def _serving(self, request: Request) -> list[NodeView]:
+    def _all_views(self, now: float | None) -> list[NodeView]:
+        views = self._views()
+        if now is not None and self._host_views is not None:
+            views = views + self._host_views(now)
+        return views
+
+    def _serving(self, request: Request, now: float | None = None) -> list[NodeView]:
         """The nodes that serve the request's model and are not known gone for it."""
         model = request.assign.model
         return [
             v
-            for v in self._views()
+            for v in self._all_views(now)
             if model in v.models
             and v.conn_id not in request.gone_conns
             and v.instance_id not in request.gone_instances
@@ -366,7 +386,7 @@ class Requester:
             # hears so now (503 with Retry-After) rather than at its deadline: a node busy
             # with work the leases do not see would otherwise be offered it again and again.
             request.full.add(envelope.conn_id)
-            if all(v.conn_id in request.full for v in self._serving(request)):
+            if all(v.conn_id in request.full for v in self._serving(request, now)):
                 return self._fail(task_id, error)
             return self._place_again(request, error, now)
         return self._finish(task_id, envelope.conn_id, FailedEvent(error))

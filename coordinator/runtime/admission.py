@@ -121,7 +121,7 @@ class Admissions:
         queued_at: float | None = None
         try:
             while True:
-                candidates = requester.candidates(effect.task_id, effect.attempt)
+                candidates = requester.candidates(effect.task_id, effect.attempt, self._clock())
                 if candidates is None:
                     return []  # the request ended meanwhile
                 if not candidates:

@@ -17,6 +17,8 @@ The task tree of one instance::
     ├── Admissions.renew                 capacity leases of running tasks
     ├── NodeFactsWriter.run              our nodes' facts (what leases are checked against)
     ├── NodeTelemetry.run                our nodes' heartbeat telemetry, paced, into the store
+    ├── HostFactsReader.run              direct hosts' monitor facts -> placement; lease facts
+    ├── HostCalls.run                    one task per call to a direct host (hosts/host_calls)
     └── serve_node (one per node)        a node WebSocket; stopping the instance closes it
 
 Stopping the instance cancels the whole tree, node sockets included.
@@ -36,7 +38,9 @@ import trio
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.bus import Bus
 from coordinator.core import cluster_view
+from coordinator.core.direct_hosts import DirectHosts, HostTerms
 from coordinator.core.effects import (
+    CallHost,
     CloseNode,
     Deliver,
     Dispatch,
@@ -48,6 +52,7 @@ from coordinator.core.effects import (
     ReleaseOwnership,
     Reserve,
     SendToNode,
+    StopHostCall,
     TaskEvent,
     WakeQueue,
 )
@@ -62,6 +67,8 @@ from coordinator.errors import (
     StoreError,
     UnknownNode,
 )
+from coordinator.hosts.facts_reader import HostFactsReader
+from coordinator.hosts.host_calls import HostCalls
 from coordinator.runtime import task_log
 from coordinator.runtime.admission import Admissions
 from coordinator.runtime.bus_outbox import BusOutbox
@@ -128,6 +135,7 @@ class Instance:
             rng=rng or random.Random(),
             incarnation=self.incarnation,
             tracks_keys=settings.max_active_per_key > 0,
+            hosts=direct_hosts(settings),
         )
         self.recorder = TaskRecorder(store)
         self.metrics = Metrics(self.diagnostics)
@@ -148,6 +156,13 @@ class Instance:
         )
         self.membership.on_forgotten = self.node_facts.rewrite_all
         self.telemetry = NodeTelemetry(coordination, interval_s=settings.telemetry_interval_s)
+        self.host_facts = HostFactsReader(
+            self.instance_id, settings.capacity, coordination, self.machine.hosts, clock
+        )
+        self.host_calls = HostCalls(
+            settings.capacity.hosts,
+            lambda answer: self.apply(self.machine.host_answer(answer, self.clock())),
+        )
         self._links: dict[str, NodeLink] = {}
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
@@ -183,6 +198,8 @@ class Instance:
             nursery.start_soon(self.admissions.renew)
             nursery.start_soon(self.node_facts.run)
             nursery.start_soon(self.telemetry.run)
+            await nursery.start(self.host_calls.run)
+            await nursery.start(self.host_facts.run)
             task_status.started()
 
     async def leave(self) -> None:
@@ -254,6 +271,10 @@ class Instance:
                 self.admissions.wake_local(effect.model)
             elif isinstance(effect, NodeFactsChanged):
                 self.node_facts.changed(effect)
+            elif isinstance(effect, CallHost):
+                self.host_calls.start(effect)
+            elif isinstance(effect, StopHostCall):
+                self.host_calls.stop(effect.task_id)
 
     def _publish(self, effect: Publish) -> None:
         on_unreached = None
@@ -508,7 +529,7 @@ class Instance:
     async def cluster_status(self) -> dict[str, object]:
         queued: dict[str, int] | None = None
         try:
-            models = cluster_view.served_models(self.machine)
+            models = cluster_view.served_models(self.machine, self.clock())
             queued = await self.coordination.queue_depths(models, self.admissions.rules)
         except CoordinationUnavailable as exc:
             log.warning("status: cannot read the admission queues: %s", exc)
@@ -527,12 +548,14 @@ class Instance:
     async def cluster_nodes(self) -> list[dict[str, object]]:
         usage = None
         try:
-            node_ids = sorted({v.node_id for v in self.machine.views()})
+            node_ids = sorted(
+                {v.node_id for v in self.machine.views()} | set(self.machine.hosts.terms)
+            )
             found = await self.coordination.lease_usage(node_ids)
             usage = {n: (u.leases, u.memory_gb) for n, u in found.items()}
         except CoordinationUnavailable as exc:
             log.warning("nodes: cannot read the capacity leases: %s", exc)
-        infos = cluster_view.node_infos(self.machine, usage)
+        infos = cluster_view.node_infos(self.machine, usage, self.clock())
         latest = await self.telemetry.latest([str(info["node_id"]) for info in infos]) or {}
         for info in infos:
             info["telemetry"] = latest.get(str(info["node_id"]))
@@ -552,3 +575,12 @@ class Instance:
         if not samples and node_id not in {v.node_id for v in self.machine.views()}:
             raise UnknownNode(f"no node {node_id!r} is online or has telemetry")
         return samples
+
+
+def direct_hosts(settings: Settings) -> DirectHosts:
+    """The operator file's direct hosts, as placement weighs them."""
+    terms = {
+        host_id: HostTerms(spec.kind, spec.max_parallel, spec.memory_gb, spec.weight)
+        for host_id, spec in settings.capacity.hosts.items()
+    }
+    return DirectHosts(settings.instance_id, terms, settings.residency_stale_s)

@@ -12,7 +12,6 @@ else escaping a backend is a bug. Backends own their HTTP client and are closed 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -22,6 +21,7 @@ from typing import Any, Protocol
 import httpx
 import trio
 
+from coordinator.hosts.host_client import HostError, ollama_generate, openai_generate
 from tools.node_agent.settings import (
     DEFAULT_OLLAMA_URL,
     DEFAULT_OPENAI_URL,
@@ -41,11 +41,9 @@ __all__ = [
 
 # One word plus the whitespace after it; leading whitespace is a piece of its own.
 _WORD_RE = re.compile(r"^\s+|\S+\s*")
-_MAX_ERROR_CHARS = 200
-
-
-class BackendError(Exception):
-    """The model server failed, refused, or spoke something we cannot read."""
+#: The model server failed, refused, or spoke something we cannot read (the wire formats
+#: live in coordinator/hosts/host_client.py, shared with the coordinator's direct hosts).
+BackendError = HostError
 
 
 class Backend(Protocol):
@@ -64,11 +62,6 @@ class Backend(Protocol):
 def split_words(text: str) -> list[str]:
     """Split ``text`` into word-plus-trailing-whitespace pieces that join back to it exactly."""
     return _WORD_RE.findall(text)
-
-
-def _short(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
 
 
 class EchoBackend:
@@ -133,29 +126,6 @@ class _HttpBackend:
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         return None
 
-    def _describe(self, exc: httpx.HTTPError) -> str:
-        if isinstance(exc, httpx.ConnectError):
-            return f"{self.name}: cannot connect to {self.base_url}"
-        if isinstance(exc, httpx.TimeoutException):
-            return f"{self.name}: timed out talking to {self.base_url}"
-        if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError)):
-            return f"{self.name}: connection to {self.base_url} lost mid-response"
-        return _short(f"{self.name}: {type(exc).__name__}: {exc}")
-
-    async def _status_error(self, response: httpx.Response) -> BackendError:
-        detail = ""
-        try:
-            body = (await response.aread())[:4096]
-            payload: Any = json.loads(body)
-            error = payload.get("error") if isinstance(payload, dict) else None
-            if isinstance(error, dict):
-                error = error.get("message")
-            detail = str(error) if error else body.decode("utf-8", "replace")
-        except (ValueError, httpx.HTTPError):
-            pass
-        reason = f"{self.name}: HTTP {response.status_code}"
-        return BackendError(_short(f"{reason}: {detail}" if detail else reason))
-
 
 class OllamaBackend(_HttpBackend):
     """Ollama's ``POST /api/generate``, reading its NDJSON stream to the ``done`` record."""
@@ -176,34 +146,10 @@ class OllamaBackend(_HttpBackend):
         return [m for m in models if m in loaded]
 
     async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
-        # Always stream from the server, even for a non-streaming task: the agent joins the
-        # deltas, and a cancelled task stops generation at once by dropping the connection.
-        body = {"model": model, "prompt": prompt, "stream": True}
-        try:
-            async with self._client.stream(
-                "POST", f"{self.base_url}/api/generate", json=body
-            ) as response:
-                if response.status_code != 200:
-                    raise await self._status_error(response)
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        raise BackendError(f"ollama: malformed stream line {_short(line)!r}")
-                    if not isinstance(record, dict):
-                        raise BackendError(f"ollama: malformed stream line {_short(line)!r}")
-                    if record.get("error"):
-                        raise BackendError(_short(f"ollama: {record['error']}"))
-                    piece = record.get("response")
-                    if isinstance(piece, str) and piece:
-                        yield piece
-                    if record.get("done"):
-                        return
-                raise BackendError("ollama: stream ended before the final done record")
-        except httpx.HTTPError as exc:
-            raise BackendError(self._describe(exc)) from exc
+        # Always streams from the server (host_client.py): a cancelled task stops generation
+        # at once by dropping the connection.
+        async for piece in ollama_generate(self._client, self.base_url, model, prompt):
+            yield piece
 
 
 class OpenAIBackend(_HttpBackend):
@@ -223,50 +169,8 @@ class OpenAIBackend(_HttpBackend):
         super().__init__(base_url, headers=headers, **kwargs)
 
     async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-            "stream": True,
-        }
-        finished = False
-        try:
-            async with self._client.stream(
-                "POST",
-                f"{self.base_url}/v1/chat/completions",
-                json=body,
-                headers={"Accept": "text/event-stream"},
-            ) as response:
-                if response.status_code != 200:
-                    raise await self._status_error(response)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, ": comments", "event:" / "id:" fields
-                    data = line[len("data:") :].strip()
-                    if data == "[DONE]":
-                        return
-                    try:
-                        event = json.loads(data)
-                    except ValueError:
-                        raise BackendError(f"openai: malformed event {_short(data)!r}")
-                    if not isinstance(event, dict):
-                        raise BackendError(f"openai: malformed event {_short(data)!r}")
-                    if event.get("error"):
-                        error = event["error"]
-                        message = error.get("message") if isinstance(error, dict) else error
-                        raise BackendError(_short(f"openai: {message}"))
-                    for choice in event.get("choices") or ():
-                        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                            continue
-                        delta = choice.get("delta") or {}
-                        content = delta.get("content") if isinstance(delta, dict) else None
-                        if isinstance(content, str) and content:
-                            yield content
-                        if choice.get("finish_reason"):
-                            finished = True
-                if not finished:
-                    raise BackendError("openai: stream ended before [DONE]")
-        except httpx.HTTPError as exc:
-            raise BackendError(self._describe(exc)) from exc
+        async for piece in openai_generate(self._client, self.base_url, model, prompt):
+            yield piece
 
 
 def make_backend(settings: NodeSettings, *, rng: random.Random) -> Backend:

@@ -1,0 +1,135 @@
+"""Each instance reads the monitor's host facts for placement, every ``READ_S``.
+
+One read is ``Coordination.host_facts`` and ``monitor_status`` (the current epoch); the pure
+rule in ``core/direct_hosts.py`` decides from them, and from the local time since the read,
+which hosts are candidates. For every host that is, this instance also writes its *lease
+facts* (``put_node_facts``: the host's parallel and memory budgets from the operator file, its
+loaded models), naming itself as their writer: the lease script trusts facts while their
+writer beats, so every live instance keeps them trusted, and after one dies the next read of
+any other instance takes them over. Nothing is dropped: placement stops using a host as soon
+as its monitor facts are stale, whatever its lease facts say.
+
+When the store cannot be read, the last read stays, ageing: its hosts stop being candidates
+once it is older than the staleness window (fail closed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from coordinator.capacity import Capacity
+from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination.leases import NodeFacts
+from coordinator.coordination.monitor_types import HostFacts
+from coordinator.core.direct_hosts import DirectHosts, HostRead, host_conn_id, host_state
+
+__all__ = ["READ_S", "HostFactsReader"]
+
+log = logging.getLogger("gemmanet.hosts")
+
+READ_S = 0.5
+
+_SAYS = {
+    "ok": "its facts are fresh, a candidate",
+    "no_facts": "no monitor facts, not a candidate",
+    "unreachable": "unreachable at the monitor's last poll, not a candidate",
+    "old_epoch": "facts of an earlier monitor epoch, not a candidate",
+    "stale": "facts older than GEMMANET_RESIDENCY_STALE_S, not a candidate",
+}
+
+
+def host_read(facts: HostFacts, read_at: float) -> HostRead:
+    models = facts.record.get("models")
+    resident = {
+        str(m): float(gb)
+        for m, gb in facts.resident.items()
+        if isinstance(gb, int | float) and not isinstance(gb, bool)
+    }
+    return HostRead(
+        reachable=facts.reachable,
+        epoch=facts.epoch,
+        age_s=facts.age_s,
+        read_at=read_at,
+        models=frozenset(str(m) for m in models) if isinstance(models, list) else frozenset(),
+        resident=resident,
+    )
+
+
+class HostFactsReader:
+    def __init__(
+        self,
+        instance_id: str,
+        capacity: Capacity,
+        coordination: Coordination,
+        hosts: DirectHosts,
+        clock: Callable[[], float],
+    ) -> None:
+        self.me = instance_id
+        self._capacity = capacity
+        self._coordination = coordination
+        self._hosts = hosts
+        self._clock = clock
+        # host id -> its state at the last read, to log each change once
+        self._states: dict[str, str] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if not self._hosts:
+            task_status.started()
+            return
+        await self.read_once()
+        task_status.started()
+        while True:
+            await trio.sleep(READ_S)
+            await self.read_once()
+
+    async def read_once(self) -> None:
+        coordination = self._coordination
+        # The time before the read: the facts were at least this old then (conservative).
+        read_at = self._clock()
+        try:
+            found = await coordination.host_facts(sorted(self._hosts.terms))
+            epoch = (await coordination.monitor_status()).epoch
+        except CoordinationUnavailable as exc:
+            log.warning("cannot read the direct hosts' facts: %s", exc)
+            return
+        reads = {host_id: host_read(facts, read_at) for host_id, facts in found.items()}
+        current = epoch or None
+        try:
+            # Written before placement sees the read: a lease needs them.
+            for host_id, read in sorted(reads.items()):
+                state = host_state(
+                    read, current_epoch=current, stale_s=self._hosts.stale_s, now=self._clock()
+                )
+                if state == "ok":
+                    await coordination.put_node_facts(self._lease_facts(host_id, read))
+        except CoordinationUnavailable as exc:
+            log.warning("cannot write the direct hosts' lease facts: %s", exc)
+        self._hosts.facts_read(reads, current)
+        self._log_changes()
+
+    def _log_changes(self) -> None:
+        now = self._clock()
+        for host_id in sorted(self._hosts.terms):
+            state = self._hosts.state(host_id, now)
+            if self._states.get(host_id, "no_facts") != state:
+                level = logging.INFO if state == "ok" else logging.WARNING
+                log.log(level, "direct host %s: %s for placement", host_id, _SAYS[state])
+            self._states[host_id] = state
+
+    def _lease_facts(self, host_id: str, read: HostRead) -> NodeFacts:
+        terms = self._hosts.terms[host_id]
+        resident = {}
+        for model, gb in sorted(read.resident.items()):
+            # The catalog's size where it has one: leases charge models by the catalog.
+            resident[model] = self._capacity.cost(model).resident_gb or gb
+        return NodeFacts(
+            node_id=host_id,
+            conn_id=host_conn_id(host_id),
+            instance_id=self.me,
+            max_parallel=terms.max_parallel,
+            memory_gb=terms.memory_gb,
+            resident=resident,
+        )

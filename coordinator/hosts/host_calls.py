@@ -1,0 +1,133 @@
+"""The calls a requesting instance makes to direct model hosts, one cancellable trio task each.
+
+The cluster machine decides (``CallHost`` when a task is placed on a host, ``StopHostCall``
+when nobody waits for it any more: answered, client gone, timed out); this runs the call and
+reports what the host answered the way an owner instance reports a node's answers: numbered
+``BusChunk`` envelopes while the task streams, then one ``BusResult`` (the joined output, or a
+``backend_error`` failure). So the requester's tracker checks them like any node's answers, and
+SSE and OpenAI streaming work unchanged.
+
+A call that the machine stops is cancelled, which drops its HTTP connection (the host stops
+generating). A call never outlives its task's deadline by more than ``OVERRUN_GRACE_S``, even
+if a stop were lost: the task itself ends with 504 at its deadline (the requester's tick).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import httpx
+import trio
+
+from coordinator.capacity import HostSpec
+from coordinator.core.direct_hosts import host_conn_id
+from coordinator.core.effects import CallHost
+from coordinator.core.tracker import MAX_STREAMED_CHARS
+from coordinator.hosts.host_client import HostError, ollama_generate, openai_generate
+from protocol import BusChunk, BusResult, TaskErrorCode, TaskFailure
+
+__all__ = ["HostCalls"]
+
+log = logging.getLogger("gemmanet.hosts")
+
+OVERRUN_GRACE_S = 5.0
+#: how long connecting to a host may take (then the call fails: 502)
+CONNECT_TIMEOUT_S = 5.0
+
+Answer = BusChunk | BusResult
+
+
+class HostCalls:
+    def __init__(
+        self,
+        hosts: Mapping[str, HostSpec],
+        on_answer: Callable[[Answer], None],
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._hosts = dict(hosts)
+        self._on_answer = on_answer
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._nursery: trio.Nursery | None = None
+        self._scopes: dict[str, trio.CancelScope] = {}
+
+    def __len__(self) -> int:
+        return len(self._scopes)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # No read timeout: the task's deadline bounds a call (a model may think a long time
+        # before its first token).
+        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        async with httpx.AsyncClient(timeout=timeout, transport=self._transport) as client:
+            self._client = client
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    task_status.started()
+                    await trio.sleep_forever()
+            finally:
+                self._nursery = self._client = None
+
+    def start(self, effect: CallHost) -> None:
+        task_id = effect.envelope.task_id
+        if self._nursery is None:  # shutting down: the task ends with its instance
+            return
+        # Registered before the task runs: a stop that comes first still finds it.
+        scope = trio.CancelScope(deadline=effect.deadline + OVERRUN_GRACE_S)
+        self._scopes[task_id] = scope
+        self._nursery.start_soon(self._call, effect, scope)
+
+    def stop(self, task_id: str) -> None:
+        scope = self._scopes.pop(task_id, None)
+        if scope is not None:
+            scope.cancel()
+
+    async def _call(self, effect: CallHost, scope: trio.CancelScope) -> None:
+        envelope = effect.envelope
+        task_id, conn_id = envelope.task_id, host_conn_id(effect.host_id)
+        pieces: list[str] = []
+        chars = 0
+        failure: TaskFailure | None = None
+        try:
+            with scope:
+                try:
+                    async for piece in self._generate(effect):
+                        chars += len(piece)
+                        if chars > MAX_STREAMED_CHARS:
+                            failure = TaskFailure(
+                                code=TaskErrorCode.OUTPUT_TOO_LARGE,
+                                message=f"the output grew past {MAX_STREAMED_CHARS:,} characters",
+                            )
+                            break
+                        if envelope.stream:
+                            seq = len(pieces)
+                            self._on_answer(
+                                BusChunk(task_id=task_id, conn_id=conn_id, seq=seq, delta=piece)
+                            )
+                        pieces.append(piece)
+                except HostError as exc:
+                    log.warning("task %s: direct host %s failed: %s", task_id, effect.host_id, exc)
+                    failure = TaskFailure(
+                        code=TaskErrorCode.BACKEND_ERROR,
+                        message=f"direct host {effect.host_id}: {exc}",
+                    )
+                self._on_answer(
+                    BusResult(
+                        task_id=task_id,
+                        node_id=effect.host_id,
+                        conn_id=conn_id,
+                        output=None if failure else "".join(pieces),
+                        chunks=len(pieces) if envelope.stream else 0,
+                        failure=failure,
+                    )
+                )
+        finally:
+            self._scopes.pop(task_id, None)
+
+    def _generate(self, effect: CallHost) -> AsyncIterator[str]:
+        assert self._client is not None
+        spec = self._hosts[effect.host_id]
+        generate = ollama_generate if spec.kind == "ollama" else openai_generate
+        return generate(self._client, spec.url, effect.envelope.model, effect.envelope.prompt)
