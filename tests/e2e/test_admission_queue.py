@@ -58,10 +58,25 @@ async def test_a_burst_from_both_instances_waits_its_turn_in_arrival_order(
         prompt = f"q{i:02d}"
         responses[prompt] = await post(a if i % 2 else b, key, prompt)
 
+    async def arrived(count: int) -> None:
+        """Until ``count`` requests are in the system: asked of the node, or queued. Sending
+        the next one only then makes the order sent the order of arrival, however slow the
+        machine (a fixed pause between sends was not enough on a loaded one)."""
+        async with httpx.AsyncClient(base_url=a.url, timeout=10) as client:
+            with trio.fail_after(20):
+                while True:
+                    asked = len(node_stats(stats)["prompts"]) if stats.exists() else 0  # type: ignore[arg-type]
+                    cluster = await client.get(
+                        "/api/v1/cluster", headers={"Authorization": f"Bearer {key}"}
+                    )
+                    if asked + (cluster.json()["queue_depth"] or 0) >= count:
+                        return
+                    await trio.sleep(0.02)
+
     async with trio.open_nursery() as nursery:
         for i in range(8):
             nursery.start_soon(one, i)
-            await trio.sleep(0.15)  # arrival order is the order sent
+            await arrived(i + 1)
     assert {p: r.status_code for p, r in responses.items()} == {f"q{i:02d}": 200 for i in range(8)}
     seen = node_stats(stats)
     assert seen["peak_asked"] == 1, seen  # never two at once, counted at the node
