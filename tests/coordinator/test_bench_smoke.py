@@ -81,7 +81,8 @@ def test_scale_benchmark(tmp_path: Path) -> None:
         assert row["errors"] == {}, row
         assert row["requests"] == 10, row
         assert len(row["idle_cpu_per_instance"]) == 3
-        assert all(positive(c) for c in row["idle_cpu_per_instance"]), row
+        # CPU time moves in 10 ms ticks: an idle instance may show none over one second
+        assert all(c >= 0 for c in row["idle_cpu_per_instance"]), row
         assert positive(row["redis_bytes_per_s"]), row
         assert (
             positive(row["latency_ms"]["p50"])
