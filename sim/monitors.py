@@ -179,7 +179,7 @@ class MonitorCast:
         }
         self.monitors: dict[str, SimMonitor] = {}
         for i in range(count):
-            name, gate, observed_at = f"M{i}", Gate(), {}
+            name, gate, observed_at = f"M{i}", Gate(), dict[str, float]()
             coordination = WatchedCoordination(state, gate, store, trace, observed_at)
             self.monitors[name] = SimMonitor(name, gate, coordination, observed_at)
         self.elections = self.pauses = 0

@@ -164,7 +164,7 @@ def test_broken_monitor_variants_are_caught_and_replay_the_same_way(
     tmp_path, mutation: str, invariant: str
 ) -> None:
     done = sim(
-        "sweep", "--seeds", "1-24", "--jobs", "2", *MONITORS, "--mutation", mutation,
+        "sweep", "--seeds", "1-12", "--jobs", "2", *MONITORS, "--mutation", mutation,
         "--trace-dir", str(tmp_path),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
