@@ -149,8 +149,10 @@ def test_a_sweep_of_100_seeds_with_monitors_is_green_and_fences_off_deposed_moni
     assert counts, done.stdout
     elections, pauses, fenced = (int(n) for n in counts.groups())
     # The pauses really deposed primaries: standbys took over, and resumed monitors' writes
-    # with their old token reached the store and were turned away.
-    assert elections > 100 and pauses > 100 and fenced > 20, done.stdout
+    # with their old token reached the store and were turned away. (Measured: 221 elections,
+    # 169 pauses, 107 fenced off; with the pause made a no-op, 119 elections and 19 fenced off,
+    # from store outages alone.)
+    assert elections > 170 and pauses > 100 and fenced > 60, done.stdout
 
 
 @pytest.mark.parametrize(
