@@ -271,7 +271,7 @@ class OneMonitorPerEpoch(Invariant):
             if epoch <= self.newest_handed_out:
                 self.fail(
                     f"{event['candidate']} was handed epoch {epoch} after epoch "
-                    f"{self.newest_handed_out} (epochs went backwards)",
+                    f"{self.newest_handed_out} (an epoch handed out again, or going backwards)",
                     t,
                 )
             self.newest_handed_out = epoch
