@@ -112,6 +112,8 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
+    if args.monitors < 0:
+        raise SystemExit(f"gemmanet: --monitors {args.monitors} must be 0 or more")
     return replace(
         SimConfig(),
         instances=args.instances,
