@@ -8,6 +8,7 @@ process on virtual time (trio's MockClock), every choice drawn from one seed.
     actors.py      simulated nodes and the in-memory sockets they speak over
     stand_ins.py   the durable store stand-in (no threads, so no wall-clock nondeterminism)
     lease_observer.py  trace events of capacity leases and the admission queue
+    monitors.py    elected residency monitors, the direct hosts they poll, the pause fault
     mutations.py   deliberately broken variants, to show the simulator catches real bugs
     cli.py         gemmanet sim run / replay / sweep
     bench.py       simulator speed (python -m sim.bench)

@@ -83,6 +83,14 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
         help=f"virtual seconds of client traffic (default {defaults.traffic_s:g})",
     )
     parser.add_argument(
+        "--monitors",
+        type=int,
+        default=defaults.monitors,
+        metavar="N",
+        help="elected residency monitor candidates, with simulated direct hosts and the "
+        f"monitor pause fault (default {defaults.monitors}: none)",
+    )
+    parser.add_argument(
         "--bus",
         choices=BUS_NAMES,
         default=defaults.bus,
@@ -104,6 +112,8 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
+    if args.monitors < 0:
+        raise SystemExit(f"gemmanet: --monitors {args.monitors} must be 0 or more")
     return replace(
         SimConfig(),
         instances=args.instances,
@@ -112,6 +122,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         traffic_s=args.traffic_s,
         mutation=args.mutation,
         bus=args.bus,
+        monitors=args.monitors,
     )
 
 
@@ -119,6 +130,8 @@ def _trace_path(trace_dir: Path, seed: int, config: SimConfig) -> Path:
     suffix = f"-{config.mutation}" if config.mutation else ""
     if config.bus != SimConfig().bus:
         suffix += f"-{config.bus}"
+    if config.monitors:
+        suffix += f"-monitors{config.monitors}"
     return trace_dir / f"seed-{seed}{suffix}.jsonl"
 
 
@@ -145,6 +158,7 @@ def _summary(result: SimResult) -> dict[str, object]:
         "outcomes": result.outcomes,
         "violation": result.violation,
         "faults": result.faults,
+        "monitor": result.monitor,
     }
 
 
@@ -221,10 +235,14 @@ def _sweep(args: argparse.Namespace) -> int:
     jobs = [(seed, config, args.trace_dir) for seed in seeds]
     failing: list[tuple[SimResult, Path | None]] = []
     virtual = wall = 0.0
+    monitor: dict[str, int] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for result, trace in pool.map(_sweep_one, jobs, chunksize=4):
             virtual += result.virtual_seconds
             wall += result.wall_seconds
+            for key, count in (result.monitor or {}).items():
+                if key != "epoch":
+                    monitor[key] = monitor.get(key, 0) + count
             if not result.ok:
                 failing.append((result, trace))
     print(
@@ -233,6 +251,11 @@ def _sweep(args: argparse.Namespace) -> int:
         f"{', mutation ' + config.mutation if config.mutation else ''}): "
         f"{len(failing)} failing; {virtual:.0f} virtual s in {wall:.1f} wall s of work"
     )
+    if config.monitors:
+        print(
+            f"  monitors: {monitor.get('elections', 0)} elections, {monitor.get('pauses', 0)} "
+            f"pauses, {monitor.get('fenced_rejects', 0)} deposed monitors' writes fenced off"
+        )
     for result, trace in failing:
         v = result.violation or {}
         print(f"  seed {result.seed}: {v.get('invariant')} at t={v.get('t')}: {v.get('message')}")

@@ -7,7 +7,7 @@ replay stops at the same event."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
 from sim.trace import Event
 
@@ -29,7 +29,7 @@ class Invariant:
 
     def at_end(self, t: float) -> None: ...
 
-    def fail(self, message: str, t: float) -> None:
+    def fail(self, message: str, t: float) -> NoReturn:
         raise Violation(self.name, message, t)
 
 
@@ -252,6 +252,92 @@ class QueueOrderKept(Invariant):
             queue.pop(event["task"], None)
 
 
+class OneMonitorPerEpoch(Invariant):
+    """Fencing, judged on the store's side: epochs are handed out in increasing order; a fact
+    write is accepted only under the epoch current at that moment; so at most one monitor's
+    writes are accepted per epoch, and accepted epochs never go backwards."""
+
+    name = "one-monitor-per-epoch"
+
+    def __init__(self) -> None:
+        self.writer: dict[int, str] = {}  # epoch -> the candidate whose writes it accepted
+        self.newest_handed_out = 0
+        self.newest_accepted = 0
+
+    def observe(self, event: Event) -> None:
+        kind, t = event["kind"], event["t"]
+        if kind == "monitor.acquired":
+            epoch = event["epoch"]
+            if epoch <= self.newest_handed_out:
+                self.fail(
+                    f"{event['candidate']} was handed epoch {epoch} after epoch "
+                    f"{self.newest_handed_out} (an epoch handed out again, or going backwards)",
+                    t,
+                )
+            self.newest_handed_out = epoch
+        elif kind == "monitor.write" and event["accepted"]:
+            epoch, candidate = event["epoch"], event["candidate"]
+            if epoch != event["current_epoch"]:
+                self.fail(
+                    f"{candidate}'s write of {event['host']} under epoch {epoch} was accepted "
+                    f"while epoch {event['current_epoch']} is current (a deposed monitor's write)",
+                    t,
+                )
+            if epoch < self.newest_accepted:
+                self.fail(
+                    f"{candidate}'s write under epoch {epoch} was accepted after one under "
+                    f"epoch {self.newest_accepted} (epochs went backwards)",
+                    t,
+                )
+            first = self.writer.setdefault(epoch, candidate)
+            if first != candidate:
+                self.fail(f"epoch {epoch}: writes of both {first} and {candidate} accepted", t)
+            self.newest_accepted = epoch
+
+
+class NoStaleFacts(Invariant):
+    """Nothing is placed on stale facts, judged on what a reader sees (nothing places on direct
+    hosts yet; placement will read the same): each host's visible fact is the one the last
+    accepted write put there; a host's facts never go back in time (no accepted write carries
+    an observation older than the one it replaces); and a fact a reader trusts as fresh holds
+    an observation at most the staleness window plus the election TTL old. (Facts are stamped
+    at the write: a primary stopped between its poll and its write for less than its TTL still
+    holds the lease, so its write is rightly accepted with an observation up to a TTL old.)"""
+
+    name = "no-stale-facts"
+
+    def __init__(self) -> None:
+        # host -> (written at, epoch, observed at) of the fact readers see
+        self.visible: dict[str, tuple[float, int, float]] = {}
+        self.window_s = 0.0
+
+    def observe(self, event: Event) -> None:
+        kind, t = event["kind"], event["t"]
+        if kind == "monitor.timing":
+            self.window_s = event["stale_s"] + event["ttl_s"]
+        elif kind == "monitor.write" and event["accepted"]:
+            host, observed = event["host"], event["observed_at"]
+            before = self.visible.get(host)
+            if before is not None and observed < before[2]:
+                self.fail(
+                    f"host {host}: a fact observed at t={observed:.3f} replaced one observed at "
+                    f"t={before[2]:.3f} (facts went back in time)",
+                    t,
+                )
+            self.visible[host] = (t, event["epoch"], observed)
+        elif kind == "facts.read":
+            for host, fact in sorted(event["facts"].items()):
+                known = self.visible.get(host)
+                if known is None or known[:2] != (fact["written_at"], fact["epoch"]):
+                    self.fail(f"a reader saw a fact of {host} no accepted write put there", t)
+                if fact["fresh"] and t - known[2] > self.window_s + 1e-6:
+                    self.fail(
+                        f"a reader trusted {host}'s fact observed {t - known[2]:.3f} s ago "
+                        f"(window {self.window_s:g} s)",
+                        t,
+                    )
+
+
 ALL_INVARIANTS: list[type[Invariant]] = [
     EveryRequestEndsOnce,
     OwnAnswerFromAssignedNode,
@@ -260,6 +346,8 @@ ALL_INVARIANTS: list[type[Invariant]] = [
     SharedRateLimitHolds,
     NoNodeOverBudget,
     QueueOrderKept,
+    OneMonitorPerEpoch,
+    NoStaleFacts,
 ]
 
 

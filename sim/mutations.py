@@ -11,6 +11,8 @@ from dataclasses import replace
 from unittest import mock
 
 from coordinator.coordination.memory_leases import LeaseTables
+from coordinator.coordination.memory_monitor import MonitorTables
+from coordinator.coordination.monitor_types import HostFacts
 from coordinator.core.forwarding import ForwardingTable
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.runtime.membership import Membership
@@ -92,11 +94,36 @@ def _queue_order_off() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _monitor_fence_off() -> Iterator[None]:
+    """The fenced fact write forgets its token compare: a deposed monitor's write goes in."""
+
+    def unfenced(self: MonitorTables, candidate, epoch, host_id, record, *, fenced):  # type: ignore[no-untyped-def]
+        return original(self, candidate, epoch, host_id, record, fenced=False)
+
+    original = MonitorTables.write
+    with mock.patch.object(MonitorTables, "write", unfenced):
+        yield
+
+
+@contextmanager
+def _fact_age_check_off() -> Iterator[None]:
+    """Readers forget the staleness window: a fact of any age counts as fresh."""
+
+    def always_fresh(self: HostFacts, stale_s: float) -> bool:
+        return True
+
+    with mock.patch.object(HostFacts, "fresh", always_fresh):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "owner-sweeper-off": _owner_sweeper_off,
     "connection-check-off": _connection_check_off,
     "lease-check-off": _lease_check_off,
     "queue-order-off": _queue_order_off,
+    "monitor-fence-off": _monitor_fence_off,
+    "fact-age-check-off": _fact_age_check_off,
 }
 
 

@@ -24,6 +24,7 @@ from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
 from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
 from sim.invariants import Invariant, Violation, fresh_invariants
 from sim.lease_observer import LeaseObserver
+from sim.monitors import MonitorCast, draw_monitor_pauses
 from sim.stand_ins import SimStore
 from sim.trace import Trace
 
@@ -56,6 +57,8 @@ class SimConfig:
     #: "pubsub" (at-most-once) or "streams" (durable inboxes, as GEMMANET_BUS=streams)
     bus: str = "pubsub"
     queue_timeout_s: float = 5.0
+    #: elected residency monitor candidates (0: none, and the run is what it was before them)
+    monitors: int = 0
 
 
 @dataclass
@@ -70,6 +73,8 @@ class SimResult:
     requests: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     faults: list[dict[str, object]] = field(default_factory=list)
+    #: elections, pauses, fenced rejects, newest epoch (None: a run without monitors)
+    monitor: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +96,7 @@ class World:
         self.seed, self.config = seed, config
         self.rng = {
             name: random.Random(f"{seed}:{name}")
-            for name in ("plan", "nodes", "clients", "bus", "routing", "trio")
+            for name in ("plan", "nodes", "clients", "bus", "routing", "trio", "monitor-plan")
         }
         self.store = SimStore()
         self.store_state = StoreState()
@@ -105,6 +110,8 @@ class World:
         self.outcomes: dict[str, int] = {}
         self.restarts = 0
         self.traffic_on = True
+        self.monitors: MonitorCast | None = None
+        self.monitor_summary: dict[str, int] | None = None
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -130,6 +137,7 @@ class World:
             requests=self.request_count,
             outcomes=dict(sorted(self.outcomes.items())),
             faults=self.plan.describe(),
+            monitor=self.monitor_summary,
         )
         return result, self.trace
 
@@ -153,12 +161,25 @@ class World:
         self.plan = FaultPlan.draw(
             self.rng["plan"], instances=names, nodes=node_ids, traffic_s=self.config.traffic_s
         )
+        if self.config.monitors:
+            # A stream of its own: the rest of the plan is the same with or without monitors.
+            self.monitors = MonitorCast(
+                self.seed, self.config.monitors, self.trace, self.state, self.store_state
+            )
+            self.plan.faults += draw_monitor_pauses(
+                self.rng["monitor-plan"],
+                sorted(self.monitors.monitors),
+                traffic_s=self.config.traffic_s,
+            )
+            self.plan.faults.sort(key=lambda f: (f.at, f.kind, f.target))
         self.trace.emit("run.start", seed=self.seed, plan=self.plan.describe())
         try:
             async with trio.open_nursery() as root:
                 self.root = root
                 for name in names:
                     await self._start_instance(name)
+                if self.monitors is not None:
+                    await self.monitors.start(root)
                 for i, node_id in enumerate(node_ids):
                     self._start_node(
                         node_id, home=names[i % len(names)], forger=i < self.config.forgers
@@ -187,6 +208,8 @@ class World:
             self.trace.emit(
                 "run.violation", invariant=self.violation.invariant, message=self.violation.message
             )
+        if self.monitors is not None:
+            self.monitor_summary = self.monitors.summary()  # reads the store: on virtual time
 
     def _check_invariants(self, event: dict[str, Any]) -> None:
         if self.violation is not None:
@@ -403,6 +426,8 @@ class World:
             self.nodes[fault.target].drop_connection(
                 self.rng["routing"].choice(live) if live else None
             )
+        elif fault.kind == "monitor_pause" and self.monitors is not None:
+            await self.monitors.pause(fault)
         elif fault.kind == "duplicate_identity":
             old = self.nodes[fault.target]
             others = [n for n in self.live_instances() if n != old.instance]

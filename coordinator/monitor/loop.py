@@ -94,15 +94,21 @@ async def run_monitor(
     *,
     emit: Emit = _log_only,
     stop: trio.Event | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
     task_status: trio.TaskStatus[Candidacy] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run as a candidate until ``stop`` is set (then resign) or cancelled (the lease expires)."""
+    """Run as a candidate until ``stop`` is set (then resign) or cancelled (the lease expires).
+
+    ``transport`` replaces the network under the host polls (the simulator passes an
+    ``httpx.MockTransport`` that answers in the hosts' wire format on virtual time)."""
     candidacy = Candidacy(coordination, candidate, settings.monitor_ttl_s)
     if stop is None:
         stop = trio.Event()
     task_status.started(candidacy)
     emit({"event": "candidate", "candidate": candidate})
-    async with httpx.AsyncClient(timeout=settings.monitor_poll_timeout_s) as client:
+    async with httpx.AsyncClient(
+        timeout=settings.monitor_poll_timeout_s, transport=transport
+    ) as client:
         due = trio.current_time()
         waiting_reported = False
         while not stop.is_set():
