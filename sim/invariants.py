@@ -296,8 +296,8 @@ class OneMonitorPerEpoch(Invariant):
 
 
 class NoStaleFacts(Invariant):
-    """Nothing is placed on stale facts, judged on what a reader sees (nothing places on direct
-    hosts yet; placement will read the same): each host's visible fact is the one the last
+    """Nothing is placed on stale facts: a reader judges each host with placement's own rule
+    (``direct_hosts.host_state``, the ``fresh`` of a ``facts.read``); each host's visible fact is the one the last
     accepted write put there; a host's facts never go back in time (no accepted write carries
     an observation older than the one it replaces); and a fact a reader trusts as fresh holds
     an observation at most the staleness window plus the election TTL old. (Facts are stamped

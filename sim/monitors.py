@@ -4,8 +4,8 @@ N candidates run the production monitor loop (``coordinator.monitor.loop.run_mon
 election, fenced writes, step-down) on virtual time, each through its own road to the run's
 shared coordination state. The direct hosts they poll are simulated behind an
 ``httpx.MockTransport`` that answers in Ollama's and the OpenAI API's wire format, so the real
-poller parses the answers and the real poll timeout applies. A reader reads the facts as
-placement on direct hosts would. The pause fault stops one monitor (or all) and resumes it.
+poller parses the answers and the real poll timeout applies. A reader reads the facts and
+judges each host with placement's own rule (``coordinator.core.direct_hosts.host_state``). The pause fault stops one monitor (or all) and resumes it.
 
 What the store did with each election and fact write is traced from the store's side, read from
 the state in the same atomic step as the call (nothing can run in between), so the invariants
@@ -27,6 +27,8 @@ from coordinator.capacity import Capacity, HostSpec
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
 from coordinator.coordination.monitor_types import MonitorClaim
+from coordinator.core import direct_hosts
+from coordinator.hosts.facts_reader import host_read
 from coordinator.monitor.election import Candidacy
 from coordinator.monitor.loop import run_monitor
 from coordinator.monitor.timing import check_monitor_bound
@@ -230,17 +232,27 @@ class MonitorCast:
         stale_s = self.settings.residency_stale_s
         while True:
             await trio.sleep(READ_EVERY_S)
+            read_at = trio.current_time()
             try:
+                # the epoch first: the facts are then judged in the same step as they are
+                # read (an epoch newer than the read only makes a host look older: safe)
+                epoch = (await reader.monitor_status()).epoch or None
                 facts = await reader.host_facts()
             except CoordinationUnavailable:
                 continue
+            now = trio.current_time()
             self.trace.emit(
                 "facts.read",
                 facts={
                     host: {
                         "epoch": f.epoch,
                         "written_at": round(f.polled_at, 6),
-                        "fresh": f.fresh(stale_s),
+                        # placement's own rule (coordinator/core/direct_hosts.py): would a
+                        # request be placed on this host now?
+                        "fresh": direct_hosts.host_state(
+                            host_read(f, read_at), current_epoch=epoch, stale_s=stale_s, now=now
+                        )
+                        == "ok",
                     }
                     for host, f in sorted(facts.items())
                 },

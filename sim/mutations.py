@@ -5,6 +5,7 @@ and replaying one must fail the same way. The production code has no switches fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
@@ -12,7 +13,7 @@ from unittest import mock
 
 from coordinator.coordination.memory_leases import LeaseTables
 from coordinator.coordination.memory_monitor import MonitorTables
-from coordinator.coordination.monitor_types import HostFacts
+from coordinator.core import direct_hosts
 from coordinator.core.forwarding import ForwardingTable
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.runtime.membership import Membership
@@ -108,12 +109,14 @@ def _monitor_fence_off() -> Iterator[None]:
 
 @contextmanager
 def _fact_age_check_off() -> Iterator[None]:
-    """Readers forget the staleness window: a fact of any age counts as fresh."""
+    """Placement forgets the staleness window: facts of any age are trusted
+    (``direct_hosts.host_state`` called with an infinite window)."""
+    original = direct_hosts.host_state
 
-    def always_fresh(self: HostFacts, stale_s: float) -> bool:
-        return True
+    def ageless(read, *, current_epoch, stale_s, now):  # type: ignore[no-untyped-def]
+        return original(read, current_epoch=current_epoch, stale_s=math.inf, now=now)
 
-    with mock.patch.object(HostFacts, "fresh", always_fresh):
+    with mock.patch.object(direct_hosts, "host_state", ageless):
         yield
 
 
