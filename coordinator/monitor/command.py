@@ -54,6 +54,9 @@ def run_monitor_command(settings: Settings, *, candidate: str | None, events: bo
             settings.redis_url,
             password_file=settings.redis_password_file,
             key_prefix=settings.key_prefix,
+            ca_file=settings.redis_ca_file,
+            cert_file=settings.redis_cert_file,
+            key_file=settings.redis_key_file,
         )
         stop = trio.Event()
         async with coordination, trio.open_nursery() as nursery:

@@ -106,3 +106,32 @@ def test_serve_refuses_a_server_signed_by_another_ca_in_one_line(
     assert "Traceback" not in done.stderr, done.stderr
     [refusal] = [line for line in done.stderr.splitlines() if line.startswith("gemmanet:")]
     assert "certificate verify failed" in refusal, done.stderr
+
+
+def test_a_monitor_process_verifies_redis_against_the_private_ca(
+    redis_server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """``gemmanet monitor`` takes the same TLS settings as ``serve``: with the private CA it is
+    elected (without them it would check the server against the system CAs and give up)."""
+    server = redis_server_factory(tls=True)
+    env = {
+        **os.environ,
+        "GEMMANET_REDIS_URL": bare(server.url),
+        "GEMMANET_REDIS_CA_FILE": str(server.tls_files.ca),  # type: ignore[union-attr]
+        "GEMMANET_KEY_PREFIX": "monitor-tls",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "monitor", "--id", "m1", "--events"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        events = [proc.stdout.readline() for _ in range(2)]  # "candidate", then "elected"
+        assert '"elected"' in events[1], (events, proc.poll())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
