@@ -61,7 +61,12 @@ def describe_run(number: int, total: int, result: RunResult, window_s: float) ->
 
 async def _cleanup(settings: Settings, prefix: str, epochs: int) -> None:
     coordination = create_coordination(
-        settings.redis_url, password_file=settings.redis_password_file, key_prefix=prefix
+        settings.redis_url,
+        password_file=settings.redis_password_file,
+        key_prefix=prefix,
+        ca_file=settings.redis_ca_file,
+        cert_file=settings.redis_cert_file,
+        key_file=settings.redis_key_file,
     )
     async with coordination:
         for key in (LEASE_KEY, EPOCH_KEY, FENCED_REJECTS_KEY, FACTS_KEY, FACTS_AT_KEY):
@@ -74,7 +79,12 @@ async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResul
     from tools.fakes.ollama import FakeOllama
 
     probe = create_coordination(
-        settings.redis_url, password_file=settings.redis_password_file, key_prefix="probe"
+        settings.redis_url,
+        password_file=settings.redis_password_file,
+        key_prefix="probe",
+        ca_file=settings.redis_ca_file,
+        cert_file=settings.redis_cert_file,
+        key_file=settings.redis_key_file,
     )
     async with probe:
         await probe.ping()  # one line now rather than N failed runs
@@ -96,6 +106,9 @@ async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResul
                 settings.redis_url,
                 password_file=settings.redis_password_file,
                 key_prefix=prefix,
+                ca_file=settings.redis_ca_file,
+                cert_file=settings.redis_cert_file,
+                key_file=settings.redis_key_file,
             )
             async with coordination:
                 run = TakeoverRun(
