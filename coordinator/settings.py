@@ -73,7 +73,8 @@ def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-REDIS_SCHEMES = ("redis", "rediss")
+# redis+cluster:// and rediss+cluster:// name a seed node of a Redis Cluster (README).
+REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 
 def _redis_url(name: str, raw: str) -> str:
@@ -85,9 +86,11 @@ def _redis_url(name: str, raw: str) -> str:
     if parts.scheme not in REDIS_SCHEMES or not parts.hostname:
         # The URL is not echoed: it might carry a password.
         raise SettingsError(
-            f"{name} must be redis://host:port/db or rediss://… (TLS), not "
-            f"{parts.scheme + '://' if parts.scheme else 'a URL without a scheme'}"
+            f"{name} must be redis://host:port/db, rediss://… (TLS) or redis+cluster://host:port, "
+            f"not {parts.scheme + '://' if parts.scheme else 'a URL without a scheme'}"
         )
+    if parts.scheme.endswith("+cluster") and parts.path not in ("", "/", "/0"):
+        raise SettingsError(f"{name}: a Redis Cluster has only database 0, not {parts.path!r}")
     if parts.password is not None:
         raise SettingsError(
             f"{name} must not carry a password: put it in a file and set "
@@ -106,7 +109,7 @@ def check_redis_tls(
         )
     if cert_file and not ca_file:
         raise SettingsError("GEMMANET_REDIS_CERT_FILE needs GEMMANET_REDIS_CA_FILE")
-    if ca_file and not (url or "").startswith("rediss://"):
+    if ca_file and not (url or "").startswith(("rediss://", "rediss+cluster://")):
         raise SettingsError("GEMMANET_REDIS_CA_FILE needs a rediss:// GEMMANET_REDIS_URL")
 
 

@@ -98,7 +98,7 @@ class RedisLink:
             raise ValueError("op_timeout_s must be positive")
         # redis+cluster://seed: every connection goes to the master of ``home_slot`` instead.
         url, self.cluster = plain_url(url)
-        if ssl_context is not None and not url.startswith("rediss://"):
+        if ssl_context is not None and not url.startswith("rediss://"):  # after plain_url
             # coredis would wrap even a redis:// connection in it: say what was meant instead.
             raise SettingsError("a TLS context (GEMMANET_REDIS_CA_FILE) needs a rediss:// URL")
         self.url = redact_url(url)
