@@ -20,6 +20,7 @@ import coordinator.coordination as coordination_package
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
 from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis_acl import instance_acl_rules
 from coordinator.coordination.redis_cluster import key_slot, plain_url, tagged_prefix
 from coordinator.coordination.redis_scripts import LuaScript
 from coordinator.coordination.streams_bus import StreamsBus
@@ -92,9 +93,17 @@ async def test_every_script_keeps_its_keys_in_the_home_slot(
     redis_cluster_session: RedisClusterHandle, redis_key_prefix: str
 ) -> None:
     """Runs every script of the backend on the cluster (the server refuses keys of another slot
-    with CROSSSLOT or MOVED), and checks the client side: one slot, the tag's."""
+    with CROSSSLOT or MOVED), and checks the client side: one slot, the tag's. It runs as an
+    ACL user with exactly ``gemmanet redis-acl --cluster``'s rights, so those suffice too."""
+    cluster = redis_cluster_session
+    user, password = f"gn-{redis_key_prefix}", "cluster-secret"
+    rules = instance_acl_rules(redis_key_prefix, cluster=True)
+    for node in cluster.nodes:
+        reply = node.raw_command("ACL", "SETUSER", user, *rules, "on", ">" + password)
+        assert reply.startswith(b"+OK"), reply
+    url = cluster.url.replace("://", f"://{user}@")
     rules = AdmissionRules("instances", 5.0, 5.0, 10.0, 10, 2)
-    async with _Recording(redis_cluster_session.url, key_prefix=redis_key_prefix) as c:
+    async with _Recording(url, key_prefix=redis_key_prefix, password=password) as c:
         c.seen = {}
         await c.compare_and_set("k", None, b"1")
         assert await c.refresh_if("k", b"1", 5.0)
@@ -124,6 +133,12 @@ async def test_every_script_keeps_its_keys_in_the_home_slot(
             with trio.fail_after(5):
                 assert await inbox.__anext__() == b"hello"
         assert await bus.is_listening("A") is False
+        async with c.subscribe("ch") as channel:
+            assert await c.subscriber_count("ch") == 1
+            assert await c.publish("ch", b"sharded") == 1
+            with trio.fail_after(5):
+                assert await channel.__anext__() == b"sharded"
+        assert {"k", "n"} <= set(await c.keys_with_prefix(""))
     assert set(c.seen) == _all_scripts()
     home = key_slot(tagged_prefix(redis_key_prefix))
     assert all(slots == {home} for slots in c.seen.values()), c.seen
