@@ -163,7 +163,7 @@ class RedisLink:
         # The pool parsed the URL into a location matching its connection class (TCP or UDS);
         # coredis types the two separately.
         connection: BaseConnection = pool.connection_class(
-            location or pool.location,  # type: ignore[arg-type]
+            location or pool.location,
             **pool.connection_kwargs,
         )
         await nursery.start(self._run_connection, connection)
@@ -194,7 +194,7 @@ class RedisLink:
                 failure = exc
                 continue
             try:
-                reply = await connection.create_request(b"CLUSTER", b"SLOTS", decode=False)
+                reply: Any = await connection.create_request(b"CLUSTER", b"SLOTS", decode=False)
             except RedisConnectionError as exc:
                 failure = exc
                 continue
@@ -202,7 +202,7 @@ class RedisLink:
                 connection.invalidate("cluster discovery done")
             # A master announced without an address is reachable where the seed is.
             self._masters = [
-                TCPLocation(entry[2][0].decode() or location.host, int(entry[2][1]))
+                TCPLocation(bytes(entry[2][0]).decode() or location.host, int(entry[2][1]))
                 for entry in reply
             ]
             owner = slot_owner(reply, self.home_slot)

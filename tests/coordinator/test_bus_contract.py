@@ -30,7 +30,6 @@ from coordinator.coordination.redis_cluster import key_slot, tagged_prefix
 from coordinator.coordination.streams_bus import StreamsBus
 from tests.coordinator.test_streams_bus import kill_listener_connection
 from tests.fixtures.redis_cluster import RedisClusterHandle
-from tests.fixtures.redis_server import RedisServer
 
 # Durable kinds: short enough to wait out for real against Redis, long enough to refresh in.
 PRESENCE_TTL_S = 1.0

@@ -148,7 +148,9 @@ def _bulk(reply: bytes) -> str:
     return reply.split(b"\r\n")[1].decode()
 
 
-def _move_slot(cluster: RedisClusterHandle, slot: int, source: RedisServer, target: RedisServer) -> None:
+def _move_slot(
+    cluster: RedisClusterHandle, slot: int, source: RedisServer, target: RedisServer
+) -> None:
     """Reshard ``slot`` from ``source`` to ``target`` with its keys, as redis-cli --cluster
     reshard does (IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE on every master)."""
     source_id = _bulk(source.raw_command("CLUSTER", "MYID"))
@@ -187,7 +189,9 @@ async def test_a_moved_slot_is_followed(
                     await inbox.__anext__()
             assert await c.get("k") == b"before"
             assert await c.incr("n") == 2
-            assert _bulk(other.raw_command("GET", tagged_prefix(redis_key_prefix) + "k")) == "before"
+            assert (
+                _bulk(other.raw_command("GET", tagged_prefix(redis_key_prefix) + "k")) == "before"
+            )
             async with c.subscribe("ch") as inbox:
                 assert await c.subscriber_count("ch") == 1
                 assert await c.publish("ch", b"after the move") == 1
