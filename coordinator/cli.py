@@ -150,7 +150,10 @@ def _redis_acl(args: argparse.Namespace) -> int:
 
     try:
         version = parse_version(args.redis_version)
-        print(setuser_line(args.user, args.prefix, redis_version=version, cluster=args.cluster))
+        line = setuser_line(
+            args.user, args.prefix, redis_version=version, cluster=args.cluster, sentinel=args.sentinel
+        )
+        print(line)
     except ValueError as exc:
         return _fail(str(exc), 2)
     return 0
@@ -276,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster",
         action="store_true",
         help="for a Redis Cluster (redis+cluster://): {prefix} names and sharded pub/sub",
+    )
+    redis_acl.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="for a master behind Redis Sentinel (redis+sentinel://): adds ROLE and WAIT",
     )
     redis_acl.set_defaults(handler=_redis_acl)
 

@@ -73,11 +73,26 @@ def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-# redis+cluster:// and rediss+cluster:// name a seed node of a Redis Cluster (README).
+# redis+cluster:// and rediss+cluster:// name a seed node of a Redis Cluster (README);
+# redis+sentinel://s1:p1,s2:p2/service the sentinels of a master (checked above).
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 
 def _redis_url(name: str, raw: str) -> str:
+    if raw.startswith(("redis+sentinel://", "rediss+sentinel://")):
+        from coordinator.coordination.redis_sentinel import parse_sentinel_url
+
+        try:
+            parse_sentinel_url(raw)
+        except SettingsError as exc:
+            raise SettingsError(f"{name}: {exc}") from None
+        user_info = raw.split("://", 1)[1].split("/", 1)[0].rpartition("@")[0]
+        if ":" in user_info:
+            raise SettingsError(
+                f"{name} must not carry a password: put it in a file and set "
+                "GEMMANET_REDIS_PASSWORD_FILE to its path"
+            )
+        return raw
     try:
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number

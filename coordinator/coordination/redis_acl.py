@@ -14,6 +14,7 @@ import re
 __all__ = [
     "CLUSTER_COMMANDS",
     "INSTANCE_COMMANDS",
+    "SENTINEL_COMMANDS",
     "SINCE_7_2",
     "instance_acl_rules",
     "parse_version",
@@ -83,6 +84,10 @@ CLUSTER_COMMANDS: tuple[str, ...] = (
     "cluster|slots",
 )
 
+#: under Sentinel (redis+sentinel://): checking the named master is one, and waiting for a
+#: replica to hold a new monitor epoch
+SENTINEL_COMMANDS: tuple[str, ...] = ("role", "wait")
+
 #: coredis also sends CLIENT SETINFO to Redis >= 7.2 (it shrugs off a refusal, but the refusal
 #: fills the ACL log); Redis 7.0 rejects a rule naming it, so it is added by version.
 SINCE_7_2: tuple[str, ...] = ("client|setinfo",)
@@ -99,7 +104,11 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 def instance_acl_rules(
-    prefix: str, redis_version: tuple[int, int] = (7, 0), *, cluster: bool = False
+    prefix: str,
+    redis_version: tuple[int, int] = (7, 0),
+    *,
+    cluster: bool = False,
+    sentinel: bool = False,
 ) -> list[str]:
     """The ACL rules (without ``on`` and a password) of an instance using key prefix ``prefix``:
     its keys and channels only, and exactly the commands above (for that server version). On a
@@ -115,6 +124,7 @@ def instance_acl_rules(
         "-@all",
         *(f"+{command}" for command in INSTANCE_COMMANDS),
         *(f"+{command}" for command in CLUSTER_COMMANDS if cluster),
+        *(f"+{command}" for command in SENTINEL_COMMANDS if sentinel),
         *(f"+{command}" for command in SINCE_7_2 if redis_version >= (7, 2)),
     ]
 
@@ -126,10 +136,11 @@ def setuser_line(
     redis_version: tuple[int, int] = (7, 0),
     *,
     cluster: bool = False,
+    sentinel: bool = False,
 ) -> str:
     """``ACL SETUSER`` for one instance (paste into redis-cli, with the real password, or drop
     the ``ACL SETUSER`` for an aclfile ``user`` line)."""
     if not _USER.fullmatch(user):
         raise ValueError(f"user name {user!r} may hold only [A-Za-z0-9._-], at most 64")
-    rules = instance_acl_rules(prefix, redis_version, cluster=cluster)
+    rules = instance_acl_rules(prefix, redis_version, cluster=cluster, sentinel=sentinel)
     return " ".join(["ACL SETUSER", user, *rules, "on", f">{password}"])

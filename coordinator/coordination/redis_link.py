@@ -31,6 +31,7 @@ from coredis.exceptions import MovedError, NoScriptError, ResponseError
 
 from coordinator.coordination.base import CoordinationUnavailable, OpObserver
 from coordinator.coordination.redis_cluster import plain_url, slot_owner
+from coordinator.coordination.redis_sentinel import parse_sentinel_url
 from coordinator.coordination.redis_errors import (
     acl_hint,
     caused_by_cancellation,
@@ -96,8 +97,13 @@ class RedisLink:
     ) -> None:
         if not op_timeout_s > 0:
             raise ValueError("op_timeout_s must be positive")
-        # redis+cluster://seed: every connection goes to the master of ``home_slot`` instead.
+        # redis+cluster://seed: every connection goes to the master of ``home_slot`` instead;
+        # redis+sentinel://s1,s2,s3/service: to the master the sentinels name.
+        self.sentinel = parse_sentinel_url(url)
+        if self.sentinel is not None:
+            url = self.sentinel.master_url
         url, self.cluster = plain_url(url)
+        self._routed = self.cluster or self.sentinel is not None
         if ssl_context is not None and not url.startswith("rediss://"):  # after plain_url
             # coredis would wrap even a redis:// connection in it: say what was meant instead.
             raise SettingsError("a TLS context (GEMMANET_REDIS_CA_FILE) needs a rediss:// URL")
@@ -151,21 +157,25 @@ class RedisLink:
         return self._nursery
 
     async def _open_connection(self) -> BaseConnection:
-        if self.cluster:
+        if self._routed:
             return await self._connect(await self._cluster_home())
         return await self._connect(None)
 
-    async def _connect(self, location: TCPLocation | None) -> BaseConnection:
+    async def _connect(
+        self, location: TCPLocation | None, *, to_sentinel: bool = False
+    ) -> BaseConnection:
         """A running connection to ``location`` (None: the URL's server)."""
         nursery = self._require_nursery()
         pool = self._pool
         assert pool.location is not None
+        kwargs = dict(pool.connection_kwargs)
+        if to_sentinel:
+            # The URL's user and password file are the master's; sentinels get none.
+            kwargs.pop("username", None)
+            kwargs.pop("password", None)
         # The pool parsed the URL into a location matching its connection class (TCP or UDS);
         # coredis types the two separately.
-        connection: BaseConnection = pool.connection_class(
-            location or pool.location,
-            **pool.connection_kwargs,
-        )
+        connection: BaseConnection = pool.connection_class(location or pool.location, **kwargs)
         await nursery.start(self._run_connection, connection)
         return connection
 
@@ -184,6 +194,8 @@ class RedisLink:
             return self._home
 
     async def _discover_home(self) -> TCPLocation:
+        if self.sentinel is not None:
+            return await self._ask_sentinels()
         seed = self._pool.location
         assert isinstance(seed, TCPLocation)
         failure: Exception | None = None
@@ -212,11 +224,44 @@ class RedisLink:
         assert failure is not None
         raise failure
 
+    async def _ask_sentinels(self) -> TCPLocation:
+        """The master the first answering sentinel names, once it says ``ROLE`` master (a
+        sentinel that has not noticed a failover yet may still name the dead or demoted one)."""
+        assert self.sentinel is not None
+        failure: Exception = RedisConnectionError("no sentinel answered")
+        for host, port in self.sentinel.sentinels:
+            try:
+                connection = await self._connect(TCPLocation(host, port), to_sentinel=True)
+            except RedisConnectionError as exc:
+                failure = exc
+                continue
+            try:
+                reply: Any = await connection.create_request(
+                    b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", self.sentinel.service, decode=False
+                )
+            except RedisConnectionError as exc:
+                failure = exc
+                continue
+            finally:
+                connection.invalidate("sentinel asked")
+            if not reply:
+                raise ResponseError(f"the sentinels know no master {self.sentinel.service!r}")
+            master = TCPLocation(bytes(reply[0]).decode(), int(reply[1]))
+            connection = await self._connect(master)
+            try:
+                role: Any = await connection.create_request(b"ROLE", decode=False)
+            finally:
+                connection.invalidate("role checked")
+            if role[0] != b"master":
+                raise ResponseError(f"READONLY {master} is not a master (failover under way)")
+            return master
+        raise failure
+
     def _rehome(self, home: TCPLocation | None, why: str) -> None:
         """Point the lanes at ``home`` (None: find it again on the next operation)."""
-        if not self.cluster or home == self._home:
+        if not self._routed or home == self._home:
             return
-        log.info("Redis Cluster: slot %d now at %s (%s)", self.home_slot, home or "?", why)
+        log.info("Redis master of slot %d now at %s (%s)", self.home_slot, home or "?", why)
         self._home = home
         for connection in list(self._lanes.values()):
             connection.invalidate(why)
@@ -322,8 +367,8 @@ class RedisLink:
                     # coredis turns a cancellation that hits its handshake into
                     # ConnectionError; let an outer cancellation win over our report.
                     await trio.lowlevel.checkpoint_if_cancelled()
-                if not isinstance(exc, ResponseError):
-                    # The master may have failed over: ask the cluster again next time.
+                if not isinstance(exc, ResponseError) or str(exc).startswith("READONLY"):
+                    # The master may have failed over: ask the cluster/sentinels again.
                     self._rehome(None, f"{what} failed")
                 raise CoordinationUnavailable(
                     f"Redis at {self.url} failed on {what}: {describe(exc)}{acl_hint(exc)}"
