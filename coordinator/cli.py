@@ -151,7 +151,11 @@ def _redis_acl(args: argparse.Namespace) -> int:
     try:
         version = parse_version(args.redis_version)
         line = setuser_line(
-            args.user, args.prefix, redis_version=version, cluster=args.cluster, sentinel=args.sentinel
+            args.user,
+            args.prefix,
+            redis_version=version,
+            cluster=args.cluster,
+            sentinel=args.sentinel,
         )
         print(line)
     except ValueError as exc:

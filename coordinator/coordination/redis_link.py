@@ -31,7 +31,6 @@ from coredis.exceptions import MovedError, NoScriptError, ResponseError
 
 from coordinator.coordination.base import CoordinationUnavailable, OpObserver
 from coordinator.coordination.redis_cluster import plain_url, slot_owner
-from coordinator.coordination.redis_sentinel import parse_sentinel_url
 from coordinator.coordination.redis_errors import (
     acl_hint,
     caused_by_cancellation,
@@ -41,6 +40,7 @@ from coordinator.coordination.redis_errors import (
     redact_url,
 )
 from coordinator.coordination.redis_scripts import LuaScript
+from coordinator.coordination.redis_sentinel import parse_sentinel_url
 from coordinator.errors import SettingsError
 
 __all__ = ["DedicatedConnection", "RedisLink", "read_password_file"]
