@@ -112,10 +112,10 @@ class RedisMonitor(RedisLink):
         keys = [self._name(LEASE_KEY), self._name(EPOCH_KEY)]
         reply = await self._eval(MONITOR_ACQUIRE, keys, [candidate, _ms(ttl_s)])
         if int(reply[0]) == 1:
-            epoch = int(_text(reply[1]))
+            taken = int(_text(reply[1]))
             if self.sentinel is not None:
-                await self._replicated(candidate, epoch)
-            return MonitorClaim(held=True, holder=candidate, epoch=epoch)
+                await self._replicated(candidate, taken)
+            return MonitorClaim(held=True, holder=candidate, epoch=taken)
         holder, epoch = parse_lease(_text(reply[1]).encode())
         return MonitorClaim(held=False, holder=holder, epoch=epoch)
 
