@@ -9,6 +9,7 @@ The contract suites (coordination, lease, monitor, telemetry, bus) also run on t
 from __future__ import annotations
 
 import importlib
+import time
 import pkgutil
 from collections.abc import Sequence
 from typing import Any
@@ -168,6 +169,24 @@ def _move_slot(
         assert reply.startswith(b"+OK"), reply
     for node in (target, source, *cluster.nodes):
         assert node.raw_command("CLUSTER", "SETSLOT", str(slot), "NODE", target_id)[:3] == b"+OK"
+    # Every node agrees before the test goes on (gossip could otherwise still disagree).
+    deadline = time.monotonic() + 10
+    while not all(_owner_of(node, slot) == target.port for node in cluster.nodes):
+        assert time.monotonic() < deadline, "the nodes do not agree on the moved slot"
+        time.sleep(0.02)
+
+
+def _owner_of(node: RedisServer, slot: int) -> int | None:
+    """The port of the node ``node`` says serves ``slot`` (CLUSTER NODES)."""
+    for line in node.raw_command("CLUSTER", "NODES").decode().splitlines():
+        fields = line.split()
+        if len(fields) < 9 or "master" not in fields[2]:
+            continue
+        for part in fields[8:]:
+            first, _, last = part.partition("-")
+            if part[:1].isdigit() and int(first) <= slot <= int(last or first):
+                return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+    return None
 
 
 async def test_a_moved_slot_is_followed(
