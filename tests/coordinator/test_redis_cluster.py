@@ -9,8 +9,8 @@ The contract suites (coordination, lease, monitor, telemetry, bus) also run on t
 from __future__ import annotations
 
 import importlib
-import time
 import pkgutil
+import time
 from collections.abc import Sequence
 from typing import Any
 
