@@ -37,7 +37,10 @@ REFRESH_S = 0.25
 # Margin for real-time checks against Redis (scheduling, round trips).
 SLACK = 0.3
 
-# "redis-cluster-…": the same buses on a 3-master Redis Cluster (sharded pub/sub for pubsub).
+# "redis-cluster-pubsub": PubSubBus on a 3-master Redis Cluster (sharded pub/sub). StreamsBus
+# runs there unchanged (its keys carry the tag); test_redis_cluster.py sends through it. Adding
+# "redis-cluster-streams" to DURABLE_KINDS runs this suite on it too (it passes; left out for
+# the suite's time).
 PUBSUB_KINDS = [
     "memory",
     pytest.param("redis-pubsub", marks=pytest.mark.redis),
@@ -46,7 +49,6 @@ PUBSUB_KINDS = [
 DURABLE_KINDS = [
     "memory-durable",
     pytest.param("redis-streams", marks=pytest.mark.redis),
-    pytest.param("redis-cluster-streams", marks=pytest.mark.redis),
 ]
 KINDS = [*PUBSUB_KINDS, *DURABLE_KINDS]
 # A test parametrized over "kind" directly (PUBSUB_KINDS, DURABLE_KINDS) overrides the fixture.
