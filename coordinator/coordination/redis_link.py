@@ -100,6 +100,7 @@ class RedisLink:
         # redis+cluster://seed: every connection goes to the master of ``home_slot`` instead;
         # redis+sentinel://s1,s2,s3/service: to the master the sentinels name.
         self.sentinel = parse_sentinel_url(url)
+        shown = redact_url(url) if self.sentinel is None else self.sentinel.shown
         if self.sentinel is not None:
             url = self.sentinel.master_url
         url, self.cluster = plain_url(url)
@@ -107,7 +108,8 @@ class RedisLink:
         if ssl_context is not None and not url.startswith("rediss://"):  # after plain_url
             # coredis would wrap even a redis:// connection in it: say what was meant instead.
             raise SettingsError("a TLS context (GEMMANET_REDIS_CA_FILE) needs a rediss:// URL")
-        self.url = redact_url(url)
+        #: for messages: the URL as given (cluster, sentinels), without a password
+        self.url = shown
         self.op_timeout_s = op_timeout_s
         # Only parses the URL (scheme, TLS parameters, db, user name); opens nothing. The user
         # name of the URL and the password go into HELLO 3 AUTH <user> <password>.

@@ -31,6 +31,12 @@ class SentinelTarget:
     #: a plain URL for the connection settings (scheme, user, TLS parameters) of the master
     master_url: str
 
+    @property
+    def shown(self) -> str:
+        """For messages: the sentinels and the service, without user or parameters."""
+        hosts = ",".join(f"{host}:{port}" for host, port in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
 
 def parse_sentinel_url(url: str) -> SentinelTarget | None:
     """The sentinels and service of a ``redis+sentinel://`` URL; None for another scheme."""

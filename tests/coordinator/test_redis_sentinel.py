@@ -16,6 +16,7 @@ def test_sentinel_urls() -> None:
     assert target is not None
     assert target.sentinels == (("a", 1), ("b", 2), ("c", 3)) and target.service == "svc"
     assert target.master_url == "redis://me@a:1/0?ssl_cert_reqs=none"
+    assert target.shown == "redis+sentinel://a:1,b:2,c:3/svc"
     assert parse_sentinel_url("redis://a:1/0") is None
     for bad in ("redis+sentinel://a:1,b/svc", "redis+sentinel://a:1/", "redis+sentinel://a:x/s"):
         with pytest.raises(SettingsError):
