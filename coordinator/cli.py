@@ -149,7 +149,15 @@ def _redis_acl(args: argparse.Namespace) -> int:
     from coordinator.coordination.redis_acl import parse_version, setuser_line
 
     try:
-        print(setuser_line(args.user, args.prefix, redis_version=parse_version(args.redis_version)))
+        version = parse_version(args.redis_version)
+        line = setuser_line(
+            args.user,
+            args.prefix,
+            redis_version=version,
+            cluster=args.cluster,
+            sentinel=args.sentinel,
+        )
+        print(line)
     except ValueError as exc:
         return _fail(str(exc), 2)
     return 0
@@ -288,6 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis-version",
         default="7.0",
         help="the server's version; 7.2 and later also allow CLIENT SETINFO (default 7.0)",
+    )
+    redis_acl.add_argument(
+        "--cluster",
+        action="store_true",
+        help="for a Redis Cluster (redis+cluster://): {prefix} names and sharded pub/sub",
+    )
+    redis_acl.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="for a master behind Redis Sentinel (redis+sentinel://): adds ROLE and WAIT",
     )
     redis_acl.set_defaults(handler=_redis_acl)
 

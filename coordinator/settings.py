@@ -73,10 +73,26 @@ def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-REDIS_SCHEMES = ("redis", "rediss")
+# redis+cluster:// and rediss+cluster:// name a seed node of a Redis Cluster (README);
+# redis+sentinel://s1:p1,s2:p2/service the sentinels of a master (checked above).
+REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 
 def _redis_url(name: str, raw: str) -> str:
+    if raw.startswith(("redis+sentinel://", "rediss+sentinel://")):
+        from coordinator.coordination.redis_sentinel import parse_sentinel_url
+
+        try:
+            parse_sentinel_url(raw)
+        except SettingsError as exc:
+            raise SettingsError(f"{name}: {exc}") from None
+        user_info = raw.split("://", 1)[1].split("/", 1)[0].rpartition("@")[0]
+        if ":" in user_info:
+            raise SettingsError(
+                f"{name} must not carry a password: put it in a file and set "
+                "GEMMANET_REDIS_PASSWORD_FILE to its path"
+            )
+        return raw
     try:
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
@@ -85,9 +101,11 @@ def _redis_url(name: str, raw: str) -> str:
     if parts.scheme not in REDIS_SCHEMES or not parts.hostname:
         # The URL is not echoed: it might carry a password.
         raise SettingsError(
-            f"{name} must be redis://host:port/db or rediss://… (TLS), not "
-            f"{parts.scheme + '://' if parts.scheme else 'a URL without a scheme'}"
+            f"{name} must be redis://host:port/db, rediss://… (TLS) or redis+cluster://host:port, "
+            f"not {parts.scheme + '://' if parts.scheme else 'a URL without a scheme'}"
         )
+    if parts.scheme.endswith("+cluster") and parts.path not in ("", "/", "/0"):
+        raise SettingsError(f"{name}: a Redis Cluster has only database 0, not {parts.path!r}")
     if parts.password is not None:
         raise SettingsError(
             f"{name} must not carry a password: put it in a file and set "
@@ -106,7 +124,7 @@ def check_redis_tls(
         )
     if cert_file and not ca_file:
         raise SettingsError("GEMMANET_REDIS_CERT_FILE needs GEMMANET_REDIS_CA_FILE")
-    if ca_file and not (url or "").startswith("rediss://"):
+    if ca_file and not (url or "").startswith(("rediss://", "rediss+cluster://")):
         raise SettingsError("GEMMANET_REDIS_CA_FILE needs a rediss:// GEMMANET_REDIS_URL")
 
 

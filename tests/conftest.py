@@ -2,6 +2,8 @@
 
 pytest_plugins = [
     "tests.fixtures.redis_server",
+    "tests.fixtures.redis_cluster",
+    "tests.fixtures.redis_sentinel",
     "tests.fixtures.coordination_backend",
     "tests.fixtures.trio_portal",
     "tests.fixtures.processes",

@@ -24,7 +24,9 @@ memory_bus.py           the in-process bus
 memory_bus_hub.py       the hub the in-process buses of one process share
 redis.py                the Redis backend: keys, rate limits, presence, pub/sub
 redis_leases.py         its leases and queues (a mixin of RedisCoordination)
-redis_link.py           its connections: lanes, timeouts, error mapping
+redis_link.py           its connections: lanes, timeouts, error mapping, cluster routing
+redis_cluster.py        Redis Cluster: the URL form, hash slots, the {prefix} tag
+redis_sentinel.py       Redis Sentinel: the URL form of the sentinels and the service
 redis_errors.py         how it classifies and reports failures
 redis_scripts.py        the Lua scripts of its compound operations
 redis_lease_scripts.py  the Lua scripts of its leases and queues

@@ -42,6 +42,7 @@ from coordinator.coordination.base import (
     RateDecision,
     Subscription,
 )
+from coordinator.coordination.redis_cluster import key_slot, tagged_prefix
 from coordinator.coordination.redis_errors import redact_url
 from coordinator.coordination.redis_leases import RedisLeases
 from coordinator.coordination.redis_link import (
@@ -105,7 +106,9 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
         self.subscription_keepalive_s = subscription_keepalive_s
         #: how long an idle subscription's PING may go unanswered before it counts as lost
         self.subscription_stall_s = subscription_stall_s
-        self._prefix = f"{key_prefix}:"
+        # On a cluster, the hash tag {key_prefix} keeps every key in one slot (redis_cluster).
+        self._prefix = tagged_prefix(key_prefix) if self.cluster else f"{key_prefix}:"
+        self.home_slot = key_slot(self._prefix)
         self._subscriber_buffer = subscriber_buffer
         self._stack: AsyncExitStack | None = None
         self._run_scope: trio.CancelScope | None = None
@@ -314,11 +317,16 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
 
     # -- bus ----------------------------------------------------------------------------------
 
+    # On a cluster the bus is sharded pub/sub: a PUBLISH there is copied to every node over the
+    # cluster bus, an SPUBLISH only to the master of the channel's slot (the home slot).
+
     async def publish(self, channel: str, payload: bytes) -> int:
-        return int(await self._command("PUBLISH", b"PUBLISH", self._name(channel), payload))
+        command = b"SPUBLISH" if self.cluster else b"PUBLISH"
+        return int(await self._command(command.decode(), command, self._name(channel), payload))
 
     async def subscriber_count(self, channel: str) -> int:
-        reply = await self._command("PUBSUB NUMSUB", b"PUBSUB", b"NUMSUB", self._name(channel))
+        sub = b"SHARDNUMSUB" if self.cluster else b"NUMSUB"
+        reply = await self._command("PUBSUB " + sub.decode(), b"PUBSUB", sub, self._name(channel))
         if isinstance(reply, dict):
             values = list(reply.values())
         else:
@@ -332,7 +340,7 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
     async def _subscribe(self, channel: str) -> AsyncIterator[RedisSubscription]:
         nursery = self._require_nursery()
         subscription = RedisSubscription(
-            self, channel, self._name(channel), self._subscriber_buffer
+            self, channel, self._name(channel), self._subscriber_buffer, sharded=self.cluster
         )
         connection: BaseConnection | None = None
 

@@ -25,10 +25,12 @@ from typing import Any, TypeVar
 
 import trio
 from coredis import BaseConnection, ConnectionPool
+from coredis.connection import TCPLocation
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import NoScriptError, ResponseError
+from coredis.exceptions import MovedError, NoScriptError, ResponseError
 
 from coordinator.coordination.base import CoordinationUnavailable, OpObserver
+from coordinator.coordination.redis_cluster import plain_url, slot_owner
 from coordinator.coordination.redis_errors import (
     acl_hint,
     caused_by_cancellation,
@@ -38,6 +40,7 @@ from coordinator.coordination.redis_errors import (
     redact_url,
 )
 from coordinator.coordination.redis_scripts import LuaScript
+from coordinator.coordination.redis_sentinel import parse_sentinel_url
 from coordinator.errors import SettingsError
 
 __all__ = ["DedicatedConnection", "RedisLink", "read_password_file"]
@@ -94,10 +97,19 @@ class RedisLink:
     ) -> None:
         if not op_timeout_s > 0:
             raise ValueError("op_timeout_s must be positive")
-        if ssl_context is not None and not url.startswith("rediss://"):
+        # redis+cluster://seed: every connection goes to the master of ``home_slot`` instead;
+        # redis+sentinel://s1,s2,s3/service: to the master the sentinels name.
+        self.sentinel = parse_sentinel_url(url)
+        shown = redact_url(url) if self.sentinel is None else self.sentinel.shown
+        if self.sentinel is not None:
+            url = self.sentinel.master_url
+        url, self.cluster = plain_url(url)
+        self._routed = self.cluster or self.sentinel is not None
+        if ssl_context is not None and not url.startswith("rediss://"):  # after plain_url
             # coredis would wrap even a redis:// connection in it: say what was meant instead.
             raise SettingsError("a TLS context (GEMMANET_REDIS_CA_FILE) needs a rediss:// URL")
-        self.url = redact_url(url)
+        #: for messages: the URL as given (cluster, sentinels), without a password
+        self.url = shown
         self.op_timeout_s = op_timeout_s
         # Only parses the URL (scheme, TLS parameters, db, user name); opens nothing. The user
         # name of the URL and the password go into HELLO 3 AUTH <user> <password>.
@@ -111,6 +123,12 @@ class RedisLink:
         self._connect_locks: dict[str, trio.Lock] = {}
         self._live: set[BaseConnection] = set()
         self._closed = False
+        #: Cluster only: the slot all of this link's keys hash to (``redis_cluster`` module
+        #: docstring), its master once known, and every master seen (seeds for rediscovery).
+        self.home_slot = 0
+        self._home: TCPLocation | None = None
+        self._masters: list[TCPLocation] = []
+        self._discover_lock = trio.Lock()
         #: told (what, seconds, failed) after every guarded operation (the metrics' hook)
         self.op_observer: OpObserver | None = None
 
@@ -141,17 +159,115 @@ class RedisLink:
         return self._nursery
 
     async def _open_connection(self) -> BaseConnection:
+        if self._routed:
+            return await self._connect(await self._cluster_home())
+        return await self._connect(None)
+
+    async def _connect(
+        self, location: TCPLocation | None, *, to_sentinel: bool = False
+    ) -> BaseConnection:
+        """A running connection to ``location`` (None: the URL's server)."""
         nursery = self._require_nursery()
         pool = self._pool
         assert pool.location is not None
+        kwargs = dict(pool.connection_kwargs)
+        if to_sentinel:
+            # The URL's user and password file are the master's; sentinels get none.
+            kwargs.pop("username", None)
+            kwargs.pop("password", None)
         # The pool parsed the URL into a location matching its connection class (TCP or UDS);
         # coredis types the two separately.
-        connection: BaseConnection = pool.connection_class(
-            pool.location,
-            **pool.connection_kwargs,
-        )
+        connection: BaseConnection = pool.connection_class(location or pool.location, **kwargs)
         await nursery.start(self._run_connection, connection)
         return connection
+
+    # -- Redis Cluster --------------------------------------------------------------------------
+    # Every key of a deployment shares one hash slot, so the whole routing is: find the master
+    # of that slot (CLUSTER SLOTS on any reachable node), send everything there, and follow a
+    # MOVED (failover, resharding) by re-pointing every lane at the new master.
+
+    async def _cluster_home(self) -> TCPLocation:
+        home = self._home
+        if home is not None:
+            return home
+        async with self._discover_lock:
+            if self._home is None:
+                self._home = await self._discover_home()
+            return self._home
+
+    async def _discover_home(self) -> TCPLocation:
+        if self.sentinel is not None:
+            return await self._ask_sentinels()
+        seed = self._pool.location
+        assert isinstance(seed, TCPLocation)
+        failure: Exception | None = None
+        for location in dict.fromkeys([seed, *self._masters]):
+            try:
+                connection = await self._connect(location)
+            except RedisConnectionError as exc:
+                failure = exc
+                continue
+            try:
+                reply: Any = await connection.create_request(b"CLUSTER", b"SLOTS", decode=False)
+            except RedisConnectionError as exc:
+                failure = exc
+                continue
+            finally:
+                connection.invalidate("cluster discovery done")
+            # A master announced without an address is reachable where the seed is.
+            self._masters = [
+                TCPLocation(bytes(entry[2][0]).decode() or location.host, int(entry[2][1]))
+                for entry in reply
+            ]
+            owner = slot_owner(reply, self.home_slot)
+            if owner is None:
+                raise ResponseError(f"CLUSTERDOWN no master serves slot {self.home_slot}")
+            return TCPLocation(owner[0] or location.host, owner[1])
+        assert failure is not None
+        raise failure
+
+    async def _ask_sentinels(self) -> TCPLocation:
+        """The master the first answering sentinel names, once it says ``ROLE`` master (a
+        sentinel that has not noticed a failover yet may still name the dead or demoted one)."""
+        assert self.sentinel is not None
+        failure: Exception = RedisConnectionError("no sentinel answered")
+        for host, port in self.sentinel.sentinels:
+            try:
+                connection = await self._connect(TCPLocation(host, port), to_sentinel=True)
+            except RedisConnectionError as exc:
+                failure = exc
+                continue
+            try:
+                reply: Any = await connection.create_request(
+                    b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", self.sentinel.service, decode=False
+                )
+            except RedisConnectionError as exc:
+                failure = exc
+                continue
+            finally:
+                connection.invalidate("sentinel asked")
+            if not reply:
+                raise ResponseError(f"the sentinels know no master {self.sentinel.service!r}")
+            master = TCPLocation(bytes(reply[0]).decode(), int(reply[1]))
+            connection = await self._connect(master)
+            try:
+                role: Any = await connection.create_request(b"ROLE", decode=False)
+            finally:
+                connection.invalidate("role checked")
+            if role[0] != b"master":
+                raise ResponseError(f"READONLY {master} is not a master (failover under way)")
+            return master
+        raise failure
+
+    def _rehome(self, home: TCPLocation | None, why: str) -> None:
+        """Point the lanes at ``home`` (None: find it again on the next operation)."""
+        if not self._routed or home == self._home:
+            return
+        log.info("Redis master of slot %d now at %s (%s)", self.home_slot, home or "?", why)
+        self._home = home
+        for connection in list(self._lanes.values()):
+            connection.invalidate(why)
+        self._lanes.clear()
 
     async def _run_connection(
         self,
@@ -200,7 +316,13 @@ class RedisLink:
                     raise
                 continue
             op.waiting_on = connection
-            reply = await request
+            try:
+                reply = await request
+            except MovedError as exc:
+                if not self.cluster or attempt == 2:
+                    raise
+                self._rehome(TCPLocation(exc.host, exc.port), "MOVED")
+                continue
             op.waiting_on = None
             return reply
         raise AssertionError("unreachable")
@@ -247,6 +369,9 @@ class RedisLink:
                     # coredis turns a cancellation that hits its handshake into
                     # ConnectionError; let an outer cancellation win over our report.
                     await trio.lowlevel.checkpoint_if_cancelled()
+                if not isinstance(exc, ResponseError) or str(exc).startswith("READONLY"):
+                    # The master may have failed over: ask the cluster/sentinels again.
+                    self._rehome(None, f"{what} failed")
                 raise CoordinationUnavailable(
                     f"Redis at {self.url} failed on {what}: {describe(exc)}{acl_hint(exc)}"
                 ) from exc
@@ -255,6 +380,7 @@ class RedisLink:
             # The connection may be stuck behind an unresponsive server (SIGSTOP, network
             # black hole: no FIN ever comes); the next operation opens a fresh one.
             op.waiting_on.invalidate(f"{what} timed out")
+            self._rehome(None, f"{what} timed out")
         raise CoordinationUnavailable(
             f"Redis at {self.url} did not answer {what} within {timeout_s:g} s"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.monitor_types import (
     ACCEPTED_TTL_S,
     EPOCH_KEY,
@@ -111,9 +112,29 @@ class RedisMonitor(RedisLink):
         keys = [self._name(LEASE_KEY), self._name(EPOCH_KEY)]
         reply = await self._eval(MONITOR_ACQUIRE, keys, [candidate, _ms(ttl_s)])
         if int(reply[0]) == 1:
-            return MonitorClaim(held=True, holder=candidate, epoch=int(_text(reply[1])))
+            taken = int(_text(reply[1]))
+            if self.sentinel is not None:
+                await self._replicated(candidate, taken)
+            return MonitorClaim(held=True, holder=candidate, epoch=taken)
         holder, epoch = parse_lease(_text(reply[1]).encode())
         return MonitorClaim(held=False, holder=holder, epoch=epoch)
+
+    async def _replicated(self, candidate: str, epoch: int) -> None:
+        """Under Sentinel, hand out a new epoch (a fencing token) only once a replica has it:
+        a failover promotes a replica, and replication is asynchronous, so an epoch only the
+        old master knew could be issued again, and tokens would go backwards."""
+        wait_ms = max(1, round(self.op_timeout_s * 500))
+        acks = await self._command("WAIT", b"WAIT", b"1", str(wait_ms))
+        if int(acks) >= 1:
+            return
+        try:
+            await self.monitor_resign(candidate, epoch)
+        except CoordinationUnavailable:
+            pass  # then the lease runs out by its TTL
+        raise CoordinationUnavailable(
+            f"no replica acknowledged monitor epoch {epoch} within {wait_ms} ms; "
+            "not handed out (a failover could lose it)"
+        )
 
     async def monitor_renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
         value = lease_value(candidate, epoch)

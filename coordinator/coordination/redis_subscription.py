@@ -45,9 +45,17 @@ class RedisSubscription(Subscription):
     """Messages of one channel, read from a dedicated connection."""
 
     def __init__(
-        self, owner: SubscriptionHost, channel: str, redis_channel: str, buffer: int
+        self,
+        owner: SubscriptionHost,
+        channel: str,
+        redis_channel: str,
+        buffer: int,
+        *,
+        sharded: bool = False,
     ) -> None:
         self._owner = owner
+        # Sharded pub/sub (Redis Cluster): SSUBSCRIBE, and "s"-prefixed push messages.
+        self._verb = b"s" if sharded else b""
         self._channel = channel
         self._channel_bytes = redis_channel.encode()
         self._send, self._receive = trio.open_memory_channel[bytes](buffer)
@@ -103,7 +111,7 @@ class RedisSubscription(Subscription):
         its push messages runs in ``nursery``. Raises when the connection drops meanwhile."""
         self._connection = connection
         await nursery.start(self._pump, connection)
-        connection.send_command(b"SUBSCRIBE", self._channel_bytes)
+        connection.send_command(self._verb + b"subscribe", self._channel_bytes)
         await self._subscribed.wait()
         if self._pump_done:
             raise RedisConnectionError("connection lost while subscribing")
@@ -118,7 +126,7 @@ class RedisSubscription(Subscription):
         with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
             if connection.usable and not self._pump_done:
                 try:
-                    connection.send_command(b"UNSUBSCRIBE")
+                    connection.send_command(self._verb + b"unsubscribe", self._channel_bytes)
                 except RedisError:
                     pass
                 else:
@@ -135,19 +143,24 @@ class RedisSubscription(Subscription):
         """Move push messages from the connection into the bounded channel."""
         task_status.started()
         try:
+            verb = self._verb
             async for push in connection.push_messages:
                 kind = push[0]
                 payload = push[2] if len(push) > 2 else None
-                if kind == b"message" and push[1] == self._channel_bytes:
+                if kind == verb + b"message" and push[1] == self._channel_bytes:
                     assert isinstance(payload, bytes)
                     try:
                         self._send.send_nowait(payload)
                     except trio.WouldBlock:
                         self.dropped += 1
-                elif kind == b"subscribe":
+                elif kind == verb + b"subscribe":
                     self._subscribed.set()
-                elif kind == b"unsubscribe":
+                elif kind == verb + b"unsubscribe":
                     self._unsubscribed.set()
+                    if not self._closing:
+                        # A cluster drops sharded subscribers when the slot moves elsewhere:
+                        # a loss, reported by the iterator, and the caller subscribes again.
+                        return
         # Whatever ends the pump (normally the connection closing), the iterator reports it;
         # it must never crash the coordination's nursery.
         except Exception as exc:  # noqa: BLE001

@@ -25,6 +25,13 @@ def test_cli_prints_the_setuser_line(capsys: pytest.CaptureFixture[str]) -> None
     assert line.endswith(" on ><password>") and "+client|setinfo" not in line
     assert main(["redis-acl", "--user", "x", "--redis-version", "7.2"]) == 0
     assert "+client|setinfo" in capsys.readouterr().out
+    assert main(["redis-acl", "--user", "c", "--prefix", "blue", "--cluster"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("ACL SETUSER c reset ~{blue}:* &{blue}:* -@all +hello ")
+    assert "+spublish" in line and "+cluster|slots" in line and "+wait" not in line
+    assert main(["redis-acl", "--user", "s", "--sentinel"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert " ~gn:* " in line and "+role +wait" in line and "+spublish" not in line
     assert main(["redis-acl", "--user", "bad name"]) == 2
     assert "user name" in capsys.readouterr().err
 

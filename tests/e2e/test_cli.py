@@ -174,7 +174,10 @@ def test_sim_sweep_of_an_empty_range_is_refused(procs: Processes) -> None:
         ),
         (
             {"GEMMANET_REDIS_URL": "http://127.0.0.1:6379/0"},
-            "GEMMANET_REDIS_URL must be redis://host:port/db or rediss://… (TLS), not http://",
+            (
+                "GEMMANET_REDIS_URL must be redis://host:port/db, rediss://… (TLS) or "
+                "redis+cluster://host:port, not http://"
+            ),
         ),
         (
             {"GEMMANET_REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0"},

@@ -1,0 +1,220 @@
+"""Redis Cluster specifics (README "Redis Cluster"): the slot arithmetic agrees with the server,
+every Lua script of the backend runs on the 3-master cluster with all its keys in the one slot
+of the deployment's hash tag, the URL forms are checked, and a MOVED slot is followed.
+
+The contract suites (coordination, lease, monitor, telemetry, bus) also run on the cluster, as
+``redis-cluster`` parameters of their fixtures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+
+import coordinator.coordination as coordination_package
+from coordinator.coordination import CoordinationUnavailable
+from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
+from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis_acl import instance_acl_rules
+from coordinator.coordination.redis_cluster import key_slot, plain_url, tagged_prefix
+from coordinator.coordination.redis_scripts import LuaScript
+from coordinator.coordination.streams_bus import StreamsBus
+from coordinator.errors import SettingsError
+from coordinator.settings import Settings
+from tests.fixtures.redis_cluster import RedisClusterHandle
+from tests.fixtures.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+KEYS = [
+    "",
+    "a",
+    "gn:lease:facts",
+    "{gn}:lease:facts",
+    "{gn}:x{y}",
+    "x{gn}y",
+    "{}gn",
+    "{}{gn}",
+    "{{gn}}",
+    "gn{",
+    "gn}{",
+    "{gn",
+    "t123-abcdef:inst:bus:A",
+    "{t123-abcdef}:inst:bus:A",
+    "ünïcode{ключ}",
+]
+
+
+def test_key_slot_agrees_with_the_server(redis_cluster_session: RedisClusterHandle) -> None:
+    for key in KEYS:
+        assert key_slot(key) == redis_cluster_session.keyslot(key), key
+
+
+def test_cluster_urls() -> None:
+    assert plain_url("redis+cluster://h:7000") == ("redis://h:7000", True)
+    assert plain_url("rediss+cluster://h:7000/0") == ("rediss://h:7000/0", True)
+    assert plain_url("redis://h:6379/2") == ("redis://h:6379/2", False)
+    with pytest.raises(SettingsError, match="only database 0"):
+        plain_url("redis+cluster://h:7000/3")
+    with pytest.raises(SettingsError, match="braces"):
+        tagged_prefix("g{n}")
+    with pytest.raises(SettingsError, match="only database 0"):
+        Settings.from_env({"GEMMANET_REDIS_URL": "redis+cluster://h:7000/1"})
+    assert Settings.from_env({"GEMMANET_REDIS_URL": "redis+cluster://h:7000"}).redis_url
+
+
+def _all_scripts() -> set[str]:
+    """Every LuaScript defined at module level in coordinator/coordination."""
+    names = set()
+    for module_info in pkgutil.iter_modules(coordination_package.__path__):
+        module = importlib.import_module(f"coordinator.coordination.{module_info.name}")
+        names.update(v.name for v in vars(module).values() if isinstance(v, LuaScript))
+    return names
+
+
+class _Recording(RedisCoordination):
+    """Remembers the slots of the keys of every script it runs."""
+
+    seen: dict[str, set[int]]
+
+    async def _eval(
+        self, script: LuaScript, keys: Sequence[str], args: Sequence[Any], *, lane: str = "main"
+    ) -> Any:
+        self.seen.setdefault(script.name, set()).update(key_slot(k) for k in keys)
+        return await super()._eval(script, keys, args, lane=lane)
+
+
+async def test_every_script_keeps_its_keys_in_the_home_slot(
+    redis_cluster_session: RedisClusterHandle, redis_key_prefix: str
+) -> None:
+    """Runs every script of the backend on the cluster (the server refuses keys of another slot
+    with CROSSSLOT or MOVED), and checks the client side: one slot, the tag's. It runs as an
+    ACL user with exactly ``gemmanet redis-acl --cluster``'s rights, so those suffice too."""
+    cluster = redis_cluster_session
+    user, password = f"gn-{redis_key_prefix}", "cluster-secret"
+    rules = instance_acl_rules(redis_key_prefix, cluster=True)
+    for node in cluster.nodes:
+        reply = node.raw_command("ACL", "SETUSER", user, *rules, "on", ">" + password)
+        assert reply.startswith(b"+OK"), reply
+    url = cluster.url.replace("://", f"://{user}@")
+    rules = AdmissionRules("instances", 5.0, 5.0, 10.0, 10, 2)
+    async with _Recording(url, key_prefix=redis_key_prefix, password=password) as c:
+        c.seen = {}
+        await c.compare_and_set("k", None, b"1")
+        assert await c.refresh_if("k", b"1", 5.0)
+        await c.incr("n", ttl_s=5.0)
+        await c.rate_limit("r", limit=2, period_s=1.0)
+        await c.presence_beat("instances", "A", b"", stall_after_s=5, forget_after_s=5)
+        await c.put_node_facts(NodeFacts("n1", "c1", "A", 2))
+        ask = LeaseAsk("r1", "A", "key", "m", 0.0, 0.0, (("n1", "c1"), ("n2", "c2")), "l1", 5.0)
+        admission = await c.admit(ask, rules)
+        assert admission.outcome == "granted", admission
+        assert await c.renew_leases([("n1", "l1"), ("n2", "l2")], 5.0) == [True, False]
+        await c.lease_usage(["n1", "n2"])
+        await c.queue_depths(["m", "other"], rules)
+        await c.release(LeaseRelease("r1", "key", "m", ("n1", "l1"), ("m", "other")), rules)
+        await c.drop_node_facts("n1", "c1")
+        claim = await c.monitor_acquire("M", 5.0)
+        assert claim.held
+        assert await c.monitor_renew("M", claim.epoch, 5.0)
+        assert await c.write_host_facts("M", claim.epoch, "h1", b"{}")
+        await c.host_facts()
+        assert await c.monitor_resign("M", claim.epoch)
+        await c.append_telemetry("n1", b"s", keep=3, ttl_s=5.0)
+        await c.latest_telemetry(["n1", "n2", "n3"])
+        bus = StreamsBus(c, presence_ttl_s=2.0, refresh_s=0.5)
+        async with bus.listen("A") as inbox:
+            assert await bus.send("A", b"hello") == 1
+            with trio.fail_after(5):
+                assert await inbox.__anext__() == b"hello"
+        assert await bus.is_listening("A") is False
+        async with c.subscribe("ch") as channel:
+            assert await c.subscriber_count("ch") == 1
+            assert await c.publish("ch", b"sharded") == 1
+            with trio.fail_after(5):
+                assert await channel.__anext__() == b"sharded"
+        assert {"k", "n"} <= set(await c.keys_with_prefix(""))
+    assert set(c.seen) == _all_scripts()
+    home = key_slot(tagged_prefix(redis_key_prefix))
+    assert all(slots == {home} for slots in c.seen.values()), c.seen
+
+
+def _bulk(reply: bytes) -> str:
+    return reply.split(b"\r\n")[1].decode()
+
+
+def _move_slot(
+    cluster: RedisClusterHandle, slot: int, source: RedisServer, target: RedisServer
+) -> None:
+    """Reshard ``slot`` from ``source`` to ``target`` with its keys, as redis-cli --cluster
+    reshard does (IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE on every master)."""
+    source_id = _bulk(source.raw_command("CLUSTER", "MYID"))
+    target_id = _bulk(target.raw_command("CLUSTER", "MYID"))
+    assert target.raw_command("CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id)[:3] == b"+OK"
+    assert source.raw_command("CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id)[:3] == b"+OK"
+    while True:
+        listing = source.raw_command("CLUSTER", "GETKEYSINSLOT", str(slot), "100")
+        keys = [line for line in listing.split(b"\r\n")[1:] if line and not line.startswith(b"$")]
+        if not keys:
+            break
+        reply = source.raw_command(
+            "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *keys
+        )
+        assert reply.startswith(b"+OK"), reply
+    for node in (target, source, *cluster.nodes):
+        assert node.raw_command("CLUSTER", "SETSLOT", str(slot), "NODE", target_id)[:3] == b"+OK"
+    # Every node agrees before the test goes on (gossip could otherwise still disagree).
+    deadline = time.monotonic() + 10
+    while not all(_owner_of(node, slot) == target.port for node in cluster.nodes):
+        assert time.monotonic() < deadline, "the nodes do not agree on the moved slot"
+        time.sleep(0.02)
+
+
+def _owner_of(node: RedisServer, slot: int) -> int | None:
+    """The port of the node ``node`` says serves ``slot`` (CLUSTER NODES)."""
+    for line in node.raw_command("CLUSTER", "NODES").decode().splitlines():
+        fields = line.split()
+        if len(fields) < 9 or "master" not in fields[2]:
+            continue
+        for part in fields[8:]:
+            first, _, last = part.partition("-")
+            if part[:1].isdigit() and int(first) <= slot <= int(last or first):
+                return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+    return None
+
+
+async def test_a_moved_slot_is_followed(
+    redis_cluster_session: RedisClusterHandle, redis_key_prefix: str
+) -> None:
+    """Resharding the deployment's slot to another master: the next operations follow the
+    MOVED reply there (keys intact), and a subscription on the old master is reported lost."""
+    cluster = redis_cluster_session
+    slot = key_slot(tagged_prefix(redis_key_prefix))
+    home = cluster.node_for_slot(slot)
+    other = next(node for node in cluster.nodes if node is not home)
+    async with RedisCoordination(cluster.url, key_prefix=redis_key_prefix) as c:
+        await c.set("k", b"before")
+        await c.incr("n")
+        try:
+            async with c.subscribe("ch") as inbox:
+                await trio.to_thread.run_sync(_move_slot, cluster, slot, home, other)
+                with trio.fail_after(5), pytest.raises(CoordinationUnavailable, match="lost"):
+                    await inbox.__anext__()
+            assert await c.get("k") == b"before"
+            assert await c.incr("n") == 2
+            assert (
+                _bulk(other.raw_command("GET", tagged_prefix(redis_key_prefix) + "k")) == "before"
+            )
+            async with c.subscribe("ch") as inbox:
+                assert await c.subscriber_count("ch") == 1
+                assert await c.publish("ch", b"after the move") == 1
+                with trio.fail_after(5):
+                    assert await inbox.__anext__() == b"after the move"
+        finally:
+            await trio.to_thread.run_sync(_move_slot, cluster, slot, other, home)
