@@ -1,6 +1,6 @@
 """One contract, four instance buses: every test here runs against ``MemoryBus`` (pub/sub and
-durable, on trio's autojump clock), ``PubSubBus`` over a real ``RedisCoordination`` and
-``StreamsBus``, both on a real redis-server.
+durable, on trio's autojump clock), ``PubSubBus`` over a real ``RedisCoordination`` (with its
+lean pub/sub client and with coredis) and ``StreamsBus``, both on a real redis-server.
 
 Shared: order per sender, delivery to the addressed inbox only, 0 for an inbox nobody opened,
 ``is_listening`` while open and not after a close, byte-exact payloads up to 1 MiB. Then the
@@ -36,7 +36,12 @@ REFRESH_S = 0.25
 # Margin for real-time checks against Redis (scheduling, round trips).
 SLACK = 0.3
 
-PUBSUB_KINDS = ["memory", pytest.param("redis-pubsub", marks=pytest.mark.redis)]
+# redis-pubsub takes the lean client (the default), redis-pubsub-coredis the coredis one.
+PUBSUB_KINDS = [
+    "memory",
+    pytest.param("redis-pubsub", marks=pytest.mark.redis),
+    pytest.param("redis-pubsub-coredis", marks=pytest.mark.redis),
+]
 DURABLE_KINDS = ["memory-durable", pytest.param("redis-streams", marks=pytest.mark.redis)]
 KINDS = [*PUBSUB_KINDS, *DURABLE_KINDS]
 # A test parametrized over "kind" directly (PUBSUB_KINDS, DURABLE_KINDS) overrides the fixture.
@@ -91,6 +96,7 @@ async def bus_kind(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[B
     server: RedisServer = request.getfixturevalue("redis_server_session")
     prefix: str = request.getfixturevalue("redis_key_prefix")
     streams = kind == "redis-streams"
+    bus_client = "coredis" if kind == "redis-pubsub-coredis" else "lean"
 
     def redis_bus(coordination: RedisCoordination) -> Bus:
         if streams:
@@ -99,10 +105,12 @@ async def bus_kind(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[B
 
     @asynccontextmanager
     async def redis_peer() -> AsyncIterator[Bus]:
-        async with RedisCoordination(server.url, key_prefix=prefix) as peer:
+        async with RedisCoordination(server.url, key_prefix=prefix, bus_client=bus_client) as peer:
             yield redis_bus(peer)
 
-    async with RedisCoordination(server.url, key_prefix=prefix) as coordination:
+    async with RedisCoordination(
+        server.url, key_prefix=prefix, bus_client=bus_client
+    ) as coordination:
 
         def redis_drop(instance_id: str) -> None:
             if streams:
