@@ -15,8 +15,9 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from coordinator.coordination import CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, create_coordination
 from coordinator.coordination.redis import BUS_CLIENTS, RedisCoordination
+from coordinator.coordination.redis_lean_subscription import LeanSubscription
 from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -194,3 +195,20 @@ async def test_refused_identities_get_the_same_hints(
             async for payload in inbox:
                 assert payload == b"allowed"
                 break
+
+
+@pytest.mark.parametrize("bus_client", [None, *BUS_CLIENTS])
+async def test_the_setting_picks_the_client(
+    redis_server: RedisServer, bus_client: str | None
+) -> None:
+    """GEMMANET_REDIS_BUS_CLIENT (through ``create_coordination``): lean by default."""
+    chosen = {} if bus_client is None else {"bus_client": bus_client}
+    coord = create_coordination(redis_server.url, key_prefix="t", **chosen)
+    assert isinstance(coord, RedisCoordination)
+    async with coord, coord.subscribe("inst:bus:A") as inbox:
+        assert await coord.publish("inst:bus:A", b"x") == 1
+        lean = (bus_client or "lean") == "lean"
+        assert (coord._lean_publisher is not None) == lean
+        assert isinstance(inbox, LeanSubscription) == lean
+    with pytest.raises(ValueError, match="bus_client"):
+        RedisCoordination(redis_server.url, bus_client="redis-py")
