@@ -52,6 +52,7 @@ async def run_instance(
             cert_file=settings.redis_cert_file,
             key_file=settings.redis_key_file,
             clock=trio.current_time,
+            bus_client=settings.redis_bus_client,
         )
         # The coordination is entered before the nursery, so cancelling the nursery at a
         # graceful stop leaves its connections open for the lock's release.

@@ -25,6 +25,8 @@ _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 # A heartbeat slower than this would leave a dead node's tasks hanging for minutes.
 MAX_HEARTBEAT_S = 60.0
 BUSES = ("pubsub", "streams")
+#: GEMMANET_REDIS_BUS_CLIENT: the client PUBLISH/SUBSCRIBE take (coordination/redis_lean.py)
+REDIS_BUS_CLIENTS = ("lean", "coredis")
 
 
 def parse_rate_limit(text: str) -> tuple[int, float]:
@@ -178,6 +180,10 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         "redis_key_file": ("GEMMANET_REDIS_KEY_FILE", _readable_file),
         "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
         "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
+        "redis_bus_client": (
+            "GEMMANET_REDIS_BUS_CLIENT",
+            lambda n, v: _choice(n, v, REDIS_BUS_CLIENTS),
+        ),
         "key_prefix": ("GEMMANET_KEY_PREFIX", _name),
         "instance_id": ("GEMMANET_INSTANCE_ID", _identifier),
         "rate_limit": ("GEMMANET_RATE_LIMIT", lambda n, v: parse_rate_limit(v)),
@@ -255,6 +261,7 @@ class Settings:
     redis_key_file: str | None = None
     multi_instance: bool = False
     bus: str = "pubsub"
+    redis_bus_client: str = REDIS_BUS_CLIENTS[0]
     key_prefix: str = "gn"
     instance_id: str = field(default_factory=lambda: "i-" + secrets.token_hex(4))
     rate_limit: tuple[int, float] = (60, 60.0)

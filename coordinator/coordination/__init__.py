@@ -33,6 +33,9 @@ redis_lease_scripts.py  the Lua scripts of its leases and queues
 redis_telemetry.py      its host telemetry histories (a mixin, with their scripts)
 redis_monitor.py        its monitor election and fenced facts (a mixin, with their scripts)
 redis_subscription.py   one subscription's connection and pump
+redis_lean.py           the lean pub/sub path's RESP connection (hiredis over a trio socket)
+redis_lean_publisher.py its PUBLISH: one writer that pipelines, replies handed back in order
+redis_lean_subscription.py  its SUBSCRIBE: the iterating task reads the socket itself
 redis_acl.py            the least ACL rights of one instance (gemmanet redis-acl)
 redis_tls.py            rediss:// verified against a private CA (GEMMANET_REDIS_CA_FILE)
 streams_bus.py          the instance bus over Redis streams

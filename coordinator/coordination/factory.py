@@ -40,9 +40,11 @@ def create_coordination(
     key_file: str | None = None,
     op_timeout_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
+    bus_client: str = "lean",
 ) -> MemoryCoordination | RedisCoordination:
     """The memory backend when ``redis_url`` is empty, else Redis (``clock`` is memory-only:
-    Redis judges time by its own clock)."""
+    Redis judges time by its own clock; ``bus_client``, Redis-only, is the client PUBLISH and
+    SUBSCRIBE take: ``lean`` or ``coredis``, GEMMANET_REDIS_BUS_CLIENT)."""
     if not redis_url:
         return MemoryCoordination(clock)
     # Imported here: coredis costs a quarter of a second to import, memory users don't pay it.
@@ -53,7 +55,12 @@ def create_coordination(
     # and TLS"); without, coredis reads the rediss:// URL's ssl_* parameters itself.
     ssl_context = private_ca_context(ca_file, cert_file, key_file) if ca_file else None
     return RedisCoordination.from_url_and_password_file(
-        redis_url, password_file, key_prefix, op_timeout_s=op_timeout_s, ssl_context=ssl_context
+        redis_url,
+        password_file,
+        key_prefix,
+        op_timeout_s=op_timeout_s,
+        ssl_context=ssl_context,
+        bus_client=bus_client,
     )
 
 

@@ -14,6 +14,9 @@ Failure model (see ``base.Coordination``):
   works again as soon as Redis is back;
 * a command cut off by a timeout may still have run on the server (at-most-once, like the bus).
 
+PUBLISH and SUBSCRIBE take the lean path (``redis_lean``: RESP parsed by hiredis over a trio
+socket) unless ``bus_client="coredis"`` (``GEMMANET_REDIS_BUS_CLIENT``); same semantics either way.
+
 Each subscription has its own connection. Losing it makes the iterator raise
 ``CoordinationUnavailable``: the caller re-subscribes and treats in-flight work as possibly lost.
 A paused server is not a loss (see ``redis_subscription``).
@@ -44,6 +47,9 @@ from coordinator.coordination.base import (
 )
 from coordinator.coordination.redis_cluster import key_slot, tagged_prefix
 from coordinator.coordination.redis_errors import redact_url
+from coordinator.coordination.redis_lean import LeanConnection, LeanTarget, open_lean_connection
+from coordinator.coordination.redis_lean_publisher import LeanPublisher, publish_command
+from coordinator.coordination.redis_lean_subscription import LeanSubscription
 from coordinator.coordination.redis_leases import RedisLeases
 from coordinator.coordination.redis_link import (
     DedicatedConnection,
@@ -62,9 +68,17 @@ from coordinator.coordination.redis_scripts import (
 from coordinator.coordination.redis_subscription import RedisSubscription
 from coordinator.coordination.redis_telemetry import RedisTelemetry
 
-__all__ = ["DedicatedConnection", "RedisCoordination", "RedisSubscription", "redact_url"]
+__all__ = [
+    "BUS_CLIENTS",
+    "DedicatedConnection",
+    "RedisCoordination",
+    "RedisSubscription",
+    "redact_url",
+]
 
 DEFAULT_SUBSCRIBER_BUFFER = 10_000
+#: the clients PUBLISH and SUBSCRIBE can take (GEMMANET_REDIS_BUS_CLIENT); the first is default
+BUS_CLIENTS = ("lean", "coredis")
 _SCAN_COUNT = 1000
 
 
@@ -100,8 +114,18 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
         subscription_stall_s: float = 10.0,
         subscriber_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
         ssl_context: ssl.SSLContext | None = None,
+        bus_client: str = BUS_CLIENTS[0],
     ) -> None:
         super().__init__(url, password=password, op_timeout_s=op_timeout_s, ssl_context=ssl_context)
+        if bus_client not in BUS_CLIENTS:
+            raise ValueError(f"bus_client must be one of {BUS_CLIENTS}, got {bus_client!r}")
+        self.bus_client = bus_client
+        # The lean path connects where coredis's pool would, as whom it would, with its TLS.
+        # Not on a cluster or behind Sentinel: there redis_link routes every connection to the
+        # master of the moment (MOVED, rediscovery), and the lean path holds one fixed address.
+        lean = bus_client == "lean" and not self._routed
+        self._lean_target = LeanTarget.from_pool(self._pool) if lean else None
+        self._lean_publisher: LeanPublisher | None = None
         self.key_prefix = key_prefix
         self.subscription_keepalive_s = subscription_keepalive_s
         #: how long an idle subscription's PING may go unanswered before it counts as lost
@@ -122,7 +146,10 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
         return cls(url, key_prefix=key_prefix, password=password, **kwargs)
 
     def __repr__(self) -> str:
-        return f"RedisCoordination(url={self.url!r}, key_prefix={self.key_prefix!r})"
+        return (
+            f"RedisCoordination(url={self.url!r}, key_prefix={self.key_prefix!r}, "
+            f"bus_client={self.bus_client!r})"
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -321,8 +348,48 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
     # cluster bus, an SPUBLISH only to the master of the channel's slot (the home slot).
 
     async def publish(self, channel: str, payload: bytes) -> int:
-        command = b"SPUBLISH" if self.cluster else b"PUBLISH"
-        return int(await self._command(command.decode(), command, self._name(channel), payload))
+        if self._lean_target is None:
+            command = b"SPUBLISH" if self.cluster else b"PUBLISH"
+            return int(await self._command(command.decode(), command, self._name(channel), payload))
+        command = publish_command(self._name(channel).encode(), payload)
+
+        async def operation(op: _Operation) -> int:
+            publisher = await self._open_lean_publisher()
+            op.waiting_on = publisher
+            return int(await publisher.request(command))
+
+        return await self._guarded("PUBLISH", operation)
+
+    async def _open_lean_publisher(self) -> LeanPublisher:
+        """The lean publisher, (re)opened on demand like a lane of the coredis path."""
+        publisher = self._lean_publisher
+        if publisher is not None and publisher.usable:
+            return publisher
+        async with self._connect_locks.setdefault("lean publish", trio.Lock()):
+            publisher = self._lean_publisher
+            if publisher is None or not publisher.usable:
+                connection = await self._open_lean_connection()
+                publisher = LeanPublisher(connection)
+                await self._require_nursery().start(self._run_lean_publisher, publisher)
+                self._lean_publisher = publisher
+            return publisher
+
+    async def _run_lean_publisher(
+        self, publisher: LeanPublisher, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        try:
+            await publisher.run(task_status=task_status)
+        finally:
+            self._live.discard(publisher.connection)
+
+    async def _open_lean_connection(self) -> LeanConnection:
+        self._require_nursery()
+        assert self._lean_target is not None
+        connection = await open_lean_connection(self._lean_target)
+        if self.closed:
+            connection.invalidate("coordination closed")
+        self._live.add(connection)
+        return connection
 
     async def subscriber_count(self, channel: str) -> int:
         sub = b"SHARDNUMSUB" if self.cluster else b"NUMSUB"
@@ -334,7 +401,33 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
         return int(values[0]) if values else 0
 
     def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
+        if self._lean_target is not None:
+            return self._lean_subscribe(channel)
         return self._subscribe(channel)
+
+    @asynccontextmanager
+    async def _lean_subscribe(self, channel: str) -> AsyncIterator[LeanSubscription]:
+        subscription = LeanSubscription(self, channel, self._name(channel))
+        holder: list[LeanConnection] = []
+
+        async def open_and_subscribe(op: _Operation) -> None:
+            connection = await self._open_lean_connection()
+            holder.append(connection)
+            op.waiting_on = connection
+            await subscription.open(connection)
+
+        try:
+            await self._guarded(f"SUBSCRIBE {channel!r}", open_and_subscribe)
+        except BaseException:
+            for connection in holder:
+                connection.invalidate("subscribe failed")
+                self._live.discard(connection)
+            raise
+        try:
+            yield subscription
+        finally:
+            await subscription.close(self.op_timeout_s)
+            self._live.discard(holder[0])
 
     @asynccontextmanager
     async def _subscribe(self, channel: str) -> AsyncIterator[RedisSubscription]:

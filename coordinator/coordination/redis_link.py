@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 from coredis import BaseConnection, ConnectionPool
@@ -43,7 +43,7 @@ from coordinator.coordination.redis_scripts import LuaScript
 from coordinator.coordination.redis_sentinel import parse_sentinel_url
 from coordinator.errors import SettingsError
 
-__all__ = ["DedicatedConnection", "RedisLink", "read_password_file"]
+__all__ = ["DedicatedConnection", "Droppable", "RedisLink", "read_password_file"]
 
 log = logging.getLogger("coordinator.coordination.redis")
 
@@ -62,13 +62,19 @@ def read_password_file(password_file: str | None) -> str | None:
         ) from None
 
 
+class Droppable(Protocol):
+    """A connection the guard can drop: a coredis one or a lean one (``redis_lean``)."""
+
+    def invalidate(self, reason: str) -> None: ...
+
+
 class _Operation:
     """The connection an operation is waiting on, so a timeout can drop exactly that one."""
 
     __slots__ = ("waiting_on",)
 
     def __init__(self) -> None:
-        self.waiting_on: BaseConnection | None = None
+        self.waiting_on: Droppable | None = None
 
 
 class _TaskStatusProbe:
@@ -121,7 +127,8 @@ class RedisLink:
         # One multiplexed connection per lane ("main": commands; "presence": beats and reads).
         self._lanes: dict[str, BaseConnection] = {}
         self._connect_locks: dict[str, trio.Lock] = {}
-        self._live: set[BaseConnection] = set()
+        # Every open connection, coredis or lean, so that closing the backend drops them all.
+        self._live: set[Droppable] = set()
         self._closed = False
         #: Cluster only: the slot all of this link's keys hash to (``redis_cluster`` module
         #: docstring), its master once known, and every master seen (seeds for rediscovery).

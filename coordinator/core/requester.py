@@ -147,6 +147,10 @@ class Requester:
         self._host_views = host_views
         self._rng = rng
         self._requests: dict[str, Request] = {}
+        # Where tasks were placed whose answer overtook their own dispatch (it can: the answer
+        # comes in on the subscription while the PUBLISH reply is still on its way); their
+        # requests read it once, in ``placement``, right after the dispatch returns.
+        self._answered_while_dispatching: dict[str, tuple[str, str, str]] = {}
 
     def __len__(self) -> int:
         return len(self.tracker)
@@ -411,8 +415,13 @@ class Requester:
         return self._place_again(request, error, now)
 
     def _finish(self, task_id: str, conn_id: str, event: DoneEvent | FailedEvent) -> list[Effect]:
+        task = self.tracker.get(task_id)
         if self.tracker.on_finish(task_id, conn_id) is not Verdict.ACCEPTED:
             return []
+        request = self._requests.get(task_id)
+        if task is not None and request is not None and request.dispatching:
+            where = (task.node_id, task.conn_id, task.owner_instance)
+            self._answered_while_dispatching[task_id] = where
         return [*self._close(task_id), Deliver(task_id, event)]
 
     # -- endings the requester decides ------------------------------------------------------
@@ -421,6 +430,7 @@ class Requester:
         """The request is done with its task (answered, failed, or its client left): if the
         task still runs, its owner is told to stop it."""
         effects = self._close(task_id)
+        self._answered_while_dispatching.pop(task_id, None)
         task = self.tracker.close(task_id)
         if task is None:
             return effects
@@ -508,6 +518,9 @@ class Requester:
         return pending
 
     def placement(self, task_id: str) -> tuple[str, str, str] | None:
-        """(node, connection, owner instance) the task is placed on now."""
+        """(node, connection, owner instance) the task is placed on now, or was when it was
+        answered before its dispatch returned (asked once, by the request placing it)."""
         task = self.tracker.get(task_id)
-        return None if task is None else (task.node_id, task.conn_id, task.owner_instance)
+        if task is None:
+            return self._answered_while_dispatching.pop(task_id, None)
+        return (task.node_id, task.conn_id, task.owner_instance)

@@ -1,6 +1,6 @@
 """One contract, four instance buses: every test here runs against ``MemoryBus`` (pub/sub and
-durable, on trio's autojump clock), ``PubSubBus`` over a real ``RedisCoordination`` and
-``StreamsBus``, both on a real redis-server.
+durable, on trio's autojump clock), ``PubSubBus`` over a real ``RedisCoordination`` (with its
+lean pub/sub client and with coredis) and ``StreamsBus``, both on a real redis-server.
 
 Shared: order per sender, delivery to the addressed inbox only, 0 for an inbox nobody opened,
 ``is_listening`` while open and not after a close, byte-exact payloads up to 1 MiB. Then the
@@ -37,13 +37,15 @@ REFRESH_S = 0.25
 # Margin for real-time checks against Redis (scheduling, round trips).
 SLACK = 0.3
 
-# "redis-cluster-pubsub": PubSubBus on a 3-master Redis Cluster (sharded pub/sub). StreamsBus
-# runs there unchanged (its keys carry the tag); test_redis_cluster.py sends through it. Adding
-# "redis-cluster-streams" to DURABLE_KINDS runs this suite on it too (it passes; left out for
-# the suite's time).
+# "redis-pubsub" takes the lean client (the default), "redis-pubsub-coredis" the coredis one.
+# "redis-cluster-pubsub": PubSubBus on a 3-master Redis Cluster (sharded pub/sub, coredis: the
+# lean client does not route). StreamsBus runs there unchanged (its keys carry the tag);
+# test_redis_cluster.py sends through it. Adding "redis-cluster-streams" to DURABLE_KINDS runs
+# this suite on it too (it passes; left out for the suite's time).
 PUBSUB_KINDS = [
     "memory",
     pytest.param("redis-pubsub", marks=pytest.mark.redis),
+    pytest.param("redis-pubsub-coredis", marks=pytest.mark.redis),
     pytest.param("redis-cluster-pubsub", marks=pytest.mark.redis),
 ]
 DURABLE_KINDS = [
@@ -110,6 +112,7 @@ async def bus_kind(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[B
     else:
         server = request.getfixturevalue("redis_server_session")
         url = server.url
+    bus_client = "coredis" if kind == "redis-pubsub-coredis" else "lean"
 
     def redis_bus(coordination: RedisCoordination) -> Bus:
         if streams:
@@ -118,10 +121,10 @@ async def bus_kind(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[B
 
     @asynccontextmanager
     async def redis_peer() -> AsyncIterator[Bus]:
-        async with RedisCoordination(url, key_prefix=prefix) as peer:
+        async with RedisCoordination(url, key_prefix=prefix, bus_client=bus_client) as peer:
             yield redis_bus(peer)
 
-    async with RedisCoordination(url, key_prefix=prefix) as coordination:
+    async with RedisCoordination(url, key_prefix=prefix, bus_client=bus_client) as coordination:
 
         def redis_drop(instance_id: str) -> None:
             if streams:

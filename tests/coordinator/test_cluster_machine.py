@@ -233,6 +233,30 @@ def test_owner_declared_dead_while_its_assign_is_in_flight_waits_for_the_dispatc
     assert outcome(cluster, "t1") == [("moved", "n2")]
 
 
+def test_an_answer_that_overtakes_its_own_dispatch_still_reaches_the_request() -> None:
+    """The owner's answer can come in on the subscription before the requester's PUBLISH of
+    the assign has returned (a fast bus client, a 0 ms node): the request placing the task
+    must still find where it ran, and get the answer, not a 'could not be placed' 502."""
+    cluster = MachineCluster("A", "B")
+    node = cluster.connect("A", "n1")
+    b = cluster.machines["B"]
+    effects = b.submit(
+        __import__("protocol").Assign(task_id="t1", model="m", prompt="p", timeout_s=10), 10.0, 0.0
+    )
+    (reserve,) = effects
+    (dispatch,) = cluster.granted("B", reserve)
+    cluster.events["t1"] = []
+    cluster.in_flight.append(("B", "A", dispatch.envelope))  # received; PUBLISH not returned
+    cluster.deliver()
+    cluster.node_says(node.conn_id, Result(task_id="t1", output="p", chunks=0))
+    cluster.deliver()
+    assert outcome(cluster, "t1") == [("done", "p")]
+    assert b.dispatched("t1", dispatch.placement, 0.0) == []
+    assert b.requester.placement("t1") == ("n1", node.conn_id, "A")
+    assert b.requester.placement("t1") is None  # read once: nothing kept behind
+    cluster.ended("B", "t1")
+
+
 def test_requester_killed_frees_the_node_on_the_owner() -> None:
     cluster = MachineCluster("A", "B")
     node = cluster.connect("A", "n1", max_parallel=1)

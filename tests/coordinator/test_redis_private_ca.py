@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import trio
 
 from coordinator.coordination import CoordinationUnavailable, create_coordination
 from coordinator.errors import SettingsError
@@ -30,8 +31,20 @@ def bare(url: str, host: str = "127.0.0.1") -> str:
 
 async def roundtrip(url: str, ca_file: str, **tls: str) -> bytes | None:
     async with create_coordination(url, key_prefix="ca", ca_file=ca_file, **tls) as c:
+        # Pub/sub first: its lean client (redis_lean.py) opens its own TLS connections and
+        # must verify (or refuse) them exactly as coredis does for everything else.
+        async with c.subscribe("ch") as inbox:
+            assert await c.publish("ch", b"over tls") == 1
+            with trio.fail_after(2):
+                assert [m async for m in _first(inbox)] == [b"over tls"]
         await c.set("k", b"verified")
         return await c.get("k")
+
+
+async def _first(inbox: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    async for message in inbox:
+        yield message
+        return
 
 
 async def test_the_private_ca_verifies_the_server_and_its_host_name(

@@ -27,6 +27,7 @@ def test_blank_variables_count_as_unset() -> None:
         for name in (
             "GEMMANET_DATABASE_URL",
             "GEMMANET_BUS",
+            "GEMMANET_REDIS_BUS_CLIENT",
             "GEMMANET_KEY_PREFIX",
             "GEMMANET_RATE_LIMIT",
             "GEMMANET_TASK_TIMEOUT_S",
@@ -46,6 +47,7 @@ def test_the_constructor_and_the_environment_agree() -> None:
         "GEMMANET_REDIS_URL": "redis://r:6379/0",
         "GEMMANET_MULTI_INSTANCE": "1",
         "GEMMANET_BUS": "streams",
+        "GEMMANET_REDIS_BUS_CLIENT": "coredis",
         "GEMMANET_KEY_PREFIX": "gn2",
         "GEMMANET_INSTANCE_ID": "inst-a",
         "GEMMANET_RATE_LIMIT": "5/30s",
@@ -57,6 +59,7 @@ def test_the_constructor_and_the_environment_agree() -> None:
         redis_url="redis://r:6379/0",
         multi_instance=True,
         bus="streams",
+        redis_bus_client="coredis",
         key_prefix="gn2",
         instance_id="inst-a",
         rate_limit=(5, 30.0),
@@ -69,6 +72,7 @@ def test_the_constructor_and_the_environment_agree() -> None:
     ("name", "value"),
     [
         ("GEMMANET_BUS", "kafka"),
+        ("GEMMANET_REDIS_BUS_CLIENT", "redis-py"),
         ("GEMMANET_KEY_PREFIX", "a b"),
         ("GEMMANET_INSTANCE_ID", "x/y"),
         ("GEMMANET_INSTANCE_ID", "i" * 129),

@@ -1,20 +1,24 @@
 """Open-loop latency of a request that crosses instances over the Redis bus, against one that
-does not, side by side; with a raw Redis pub/sub round trip for scale.
+does not, side by side, for each of the two Redis clients the pub/sub bus can take (the lean one,
+the default, and coredis: ``GEMMANET_REDIS_BUS_CLIENT``); with raw round trips for scale.
 
-Two coordinator instances A and B share a private ``redis-server`` (``GEMMANET_MULTI_INSTANCE=1``).
-An echo node (0 ms) serving model ``remote`` is connected to A, one serving ``local`` to B. All
-requests go to B, so ``remote`` takes the hop B -> A -> node -> A -> B over the bus and ``local``
-does not. Requests are sent on a fixed schedule whatever the answers do (open loop), alternating
-the two models, and each latency is taken from the *scheduled* send time, so a stall delays every
-request scheduled during it (no coordinated omission). Between each pair a raw pub/sub round trip
-(PUBLISH ping -> a subscriber republishes -> PUBLISH pong received) is timed the same way, through
-two ``RedisCoordination`` clients in this process.
+Two pairs of coordinator instances share a private ``redis-server`` (``GEMMANET_MULTI_INSTANCE=1``,
+a key prefix per pair): A and B on the lean client, A2 and B2 on coredis. In each pair an echo
+node (0 ms) serving model ``remote`` is connected to A, one serving ``local`` to B; all requests go
+to B, so ``remote`` takes the hop B -> A -> node -> A -> B over the bus and ``local`` does not.
+Requests are sent on a fixed schedule whatever the answers do (open loop), the kinds interleaved
+in every cycle, and each latency is taken from the *scheduled* send time, so a stall delays every
+request scheduled during it (no coordinated omission). In the same cycles, for scale: a raw
+pub/sub round trip (PUBLISH ping -> a subscriber republishes -> PUBLISH pong received) through
+two ``RedisCoordination`` clients in this process on each bus client, a PING over a bare socket,
+and, when ``channels_redis`` is installed (the ``bench`` extra), the same lap through Django
+Channels' Redis pub/sub layer (``channels_probe``, its own asyncio process, same rate and span).
 
     python -m tools.bench.cross_instance [--rate R] [--duration S] [--json FILE]
-    python -m tools.bench.cross_instance --quick     # ~10 s, for smoke use
+    python -m tools.bench.cross_instance --quick     # ~15 s, for smoke use
 
-``--rate`` is the request rate to B, split evenly between the two models (default 50 req/s:
-25/s remote + 25/s local, plus 25/s pub/sub round trips).
+``--rate`` is the request rate to each B, split evenly between the two models (default 50 req/s:
+25/s remote + 25/s local per pair; every other kind 25/s too).
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import os
 import sys
 import time
 from collections import Counter
+from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
 import trio
 
-from coordinator.coordination.redis import RedisCoordination
 from tools.bench._harness import (
+    LOOPBACK,
     BenchError,
     Harness,
     cores,
@@ -46,131 +51,82 @@ from tools.bench._harness import (
     wait_until,
     write_json,
 )
+from tools.bench._probes import PubSubProbe, SocketProbe, channels_round_trips
 
-KINDS = ("remote", "local", "pubsub")
+CLIENTS = ("lean", "coredis")  # GEMMANET_REDIS_BUS_CLIENT of each pair; the first is default
+# Keys of the report: the lean pair's kinds keep the names they had before the coredis pair came.
+KINDS = ("remote", "local", "pubsub", "remote_coredis", "local_coredis", "pubsub_coredis", "socket")
+CHANNELS = "channels"
+# One cycle every 2/rate s; the kinds take evenly spaced slots in it.
+CYCLE = ("remote", "pubsub", "local", "socket", "remote_coredis", "pubsub_coredis", "local_coredis")
 BUDGET_MS = {"p95": 20.0, "p99": 50.0}  # the seed's budget for the cross-instance hop
-AIM_MS = {"p95": 1.0}  # ours
+AIM_MS = {"p95": 1.0}  # ours (issue 11), also: no worse than Channels' round trip
 REQUEST_TIMEOUT_S = 10.0
 DRAIN_S = 12.0
 
 
+def suffix(client: str) -> str:
+    return "" if client == CLIENTS[0] else f"_{client}"
+
+
 class Samples:
     def __init__(self) -> None:
-        self.latencies: dict[str, list[float]] = {kind: [] for kind in KINDS}
-        self.errors: dict[str, Counter[str]] = {kind: Counter() for kind in KINDS}
+        self.latencies: dict[str, list[float]] = {kind: [] for kind in (*KINDS, CHANNELS)}
+        self.errors: dict[str, Counter[str]] = {kind: Counter() for kind in (*KINDS, CHANNELS)}
         self.lag: list[float] = []  # actual send start - scheduled time, all kinds
         self.scheduled: Counter[str] = Counter()
 
+    def ok(self, kind: str, latency_s: float) -> None:
+        self.latencies[kind].append(latency_s)
 
-class PubSubProbe:
-    """PUBLISH on ``ping``; a second client's subscriber republishes on ``pong``; time the lap."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        self.url = url
-        self.prefix = prefix
-        self._waiting: dict[bytes, trio.Event] = {}
-        self._received: dict[bytes, float] = {}
-        self._next = 0
-        self.sender: RedisCoordination | None = None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with (
-            RedisCoordination(self.url, key_prefix=self.prefix) as sender,
-            RedisCoordination(self.url, key_prefix=self.prefix) as echoer,
-            sender.subscribe("pong") as pongs,
-            echoer.subscribe("ping") as pings,
-            trio.open_nursery() as nursery,
-        ):
-
-            async def echo() -> None:
-                async for message in pings:
-                    await echoer.publish("pong", message)
-
-            async def collect() -> None:
-                async for message in pongs:
-                    self._received[message] = trio.current_time()
-                    event = self._waiting.pop(message, None)
-                    if event is not None:
-                        event.set()
-
-            nursery.start_soon(echo)
-            nursery.start_soon(collect)
-            self.sender = sender
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self.sender = None
-                nursery.cancel_scope.cancel()
-
-    async def round_trip(self, scheduled: float, samples: Samples | None) -> None:
-        assert self.sender is not None
-        self._next += 1
-        token = b"%d" % self._next
-        event = self._waiting[token] = trio.Event()
-        try:
-            await self.sender.publish("ping", token)
-            with trio.move_on_after(REQUEST_TIMEOUT_S):
-                await event.wait()
-        except Exception as exc:  # noqa: BLE001 - counted, the run goes on
-            if samples is not None:
-                samples.errors["pubsub"][type(exc).__name__] += 1
-            return
-        finally:
-            self._waiting.pop(token, None)
-        received = self._received.pop(token, None)
-        if samples is None:
-            return
-        if received is None:
-            samples.errors["pubsub"]["timeout"] += 1
-        else:
-            samples.latencies["pubsub"].append(received - scheduled)
+    def error(self, kind: str, label: str) -> None:
+        self.errors[kind][label] += 1
 
 
 async def open_loop(
-    client: httpx.AsyncClient,
+    clients: dict[str, httpx.AsyncClient],
     keys: list[str],
-    probe: PubSubProbe,
+    probes: dict[str, PubSubProbe | SocketProbe],
     rate: float,
     duration_s: float,
     samples: Samples | None,
 ) -> None:
-    """One schedule: every 2/rate s a ``remote`` request, then a pub/sub lap half an interval
-    later, then a ``local`` request one interval later."""
-    interval = 1.0 / rate
+    """One schedule: every 2/rate s a cycle of every kind, evenly spaced."""
+    interval = 2.0 / rate
     cycles = max(1, math.ceil(duration_s * rate / 2))
     sent = [0]
 
     async def request(kind: str, scheduled: float) -> None:
+        model, _, client = kind.partition("_")
         i = sent[0] = sent[0] + 1
-        prompt = f"{kind} {i}"
+        prompt = f"{model} {i}"
         try:
-            response = await client.post(
+            response = await clients[client or CLIENTS[0]].post(
                 "/api/v1/request",
-                json={"model": kind, "prompt": prompt},
+                json={"model": model, "prompt": prompt},
                 headers={"Authorization": f"Bearer {keys[i % len(keys)]}"},
             )
             finished = trio.current_time()
             output = response.json().get("output") if response.status_code == 200 else None
         except Exception as exc:  # noqa: BLE001 - counted by type, the run goes on
             if samples is not None:
-                samples.errors[kind][type(exc).__name__] += 1
+                samples.error(kind, type(exc).__name__)
             return
         if samples is None:
             return
         if response.status_code != 200:
-            samples.errors[kind][error_label(response)] += 1
+            samples.error(kind, error_label(response))
         elif output != prompt:
-            samples.errors[kind]["200 wrong output"] += 1
+            samples.error(kind, "200 wrong output")
         else:
-            samples.latencies[kind].append(finished - scheduled)
+            samples.ok(kind, finished - scheduled)
 
     async def fire(kind: str, scheduled: float) -> None:
         if samples is not None:
             samples.lag.append(trio.current_time() - scheduled)
             samples.scheduled[kind] += 1
-        if kind == "pubsub":
-            await probe.round_trip(scheduled, samples)
+        if kind in probes:
+            await probes[kind].round_trip(scheduled, samples)
         else:
             await request(kind, scheduled)
 
@@ -178,45 +134,77 @@ async def open_loop(
     with trio.move_on_after(duration_s + DRAIN_S + 1):
         async with trio.open_nursery() as nursery:
             for cycle in range(cycles):
-                base = start + cycle * 2 * interval
-                for offset, kind in ((0.0, "remote"), (0.5 * interval, "pubsub"),
-                                     (interval, "local")):  # fmt: skip
-                    scheduled = base + offset
+                base = start + cycle * interval
+                for slot, kind in enumerate(CYCLE):
+                    scheduled = base + slot * interval / len(CYCLE)
                     await trio.sleep_until(scheduled)
                     nursery.start_soon(fire, kind, scheduled)
 
 
 async def measure(
-    b_url: str,
+    b_urls: dict[str, str],
     redis_url: str,
     keys: list[str],
     rate: float,
     duration_s: float,
     warmup_s: float,
     pids: dict[str, int],
-) -> tuple[Samples, dict[str, float], float]:
-    probe = PubSubProbe(redis_url, f"benchps{os.getpid()}")
+) -> tuple[Samples, dict[str, float], float, dict[str, Any]]:
+    probes: dict[str, PubSubProbe | SocketProbe] = {
+        f"pubsub{suffix(c)}": PubSubProbe(
+            redis_url, f"benchps{os.getpid()}{c}", c, f"pubsub{suffix(c)}"
+        )
+        for c in CLIENTS
+    }
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    probes["socket"] = SocketProbe(LOOPBACK, port)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with (
-        httpx.AsyncClient(base_url=b_url, timeout=REQUEST_TIMEOUT_S, limits=limits) as client,
-        trio.open_nursery() as nursery,
-    ):
-        await nursery.start(probe.run)
-        await open_loop(client, keys, probe, rate, warmup_s, None)
+    channels: dict[str, Any] = {}
+    async with AsyncExitStack() as stack:
+        clients = {
+            c: await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits)
+            )
+            for c, url in b_urls.items()
+        }
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        for probe in probes.values():
+            await nursery.start(probe.run)
+
+        async def run_channels() -> None:
+            # Its laps overlap ours: same rate, its own warm-up, the same measured span.
+            channels.update(await channels_round_trips(redis_url, rate / 2, warmup_s, duration_s))
+
+        nursery.start_soon(run_channels)
+        await open_loop(clients, keys, probes, rate, warmup_s, None)
         samples = Samples()
         cpu_before = {n: cpu_seconds(p) for n, p in pids.items()}
         cpu_before["client"] = time.process_time()
         started = time.perf_counter()
-        await open_loop(client, keys, probe, rate, duration_s, samples)
+        await open_loop(clients, keys, probes, rate, duration_s, samples)
         elapsed = time.perf_counter() - started
         cpu = {n: cpu_seconds(p) - cpu_before[n] for n, p in pids.items()}
         cpu["client"] = time.process_time() - cpu_before["client"]
+        with trio.move_on_after(REQUEST_TIMEOUT_S + DRAIN_S):
+            while not channels:
+                await trio.sleep(0.1)
         nursery.cancel_scope.cancel()
-    return samples, {n: s / elapsed for n, s in cpu.items()}, elapsed
+    if "latencies_s" in channels:
+        samples.latencies[CHANNELS] = list(channels["latencies_s"])
+        samples.errors[CHANNELS].update(channels.get("errors", {}))
+        samples.scheduled[CHANNELS] = len(channels["latencies_s"]) + sum(
+            channels.get("errors", {}).values()
+        )
+    note = {k: v for k, v in channels.items() if k != "latencies_s"}
+    return samples, {n: s / elapsed for n, s in cpu.items()}, elapsed, note
 
 
 def report(
-    samples: Samples, cpu: dict[str, float], elapsed: float, settings: dict[str, Any]
+    samples: Samples,
+    cpu: dict[str, float],
+    elapsed: float,
+    settings: dict[str, Any],
+    channels_note: dict[str, Any],
 ) -> dict[str, Any]:
     data: dict[str, Any] = {
         "benchmark": "cross_instance",
@@ -231,7 +219,10 @@ def report(
             "max": summary_ms(samples.lag)["max_ms"],
         },
     }
-    for kind in KINDS:
+    kinds = [*KINDS, *([CHANNELS] if samples.scheduled[CHANNELS] else [])]
+    if channels_note:
+        data["channels_note"] = channels_note
+    for kind in kinds:
         # Cut off by the run's hard deadline before any answer or error: counted, not hidden.
         unfinished = (
             samples.scheduled[kind]
@@ -246,47 +237,73 @@ def report(
             "scheduled": samples.scheduled[kind],
             "errors": dict(samples.errors[kind]),
         }
-    diff = {q: data["remote"][f"{q}_ms"] - data["local"][f"{q}_ms"] for q in ("p50", "p95", "p99")}
-    data["difference_ms"] = diff
+    for client in CLIENTS:
+        s = suffix(client)
+        data[f"difference{s}_ms"] = {
+            q: data[f"remote{s}"][f"{q}_ms"] - data[f"local{s}"][f"{q}_ms"]
+            for q in ("p50", "p95", "p99")
+        }
+    diff = data["difference_ms"]
     data["budget_ms"] = BUDGET_MS
     data["aim_ms"] = AIM_MS
     data["within_budget"] = diff["p95"] <= BUDGET_MS["p95"] and diff["p99"] <= BUDGET_MS["p99"]
     data["within_aim"] = diff["p95"] <= AIM_MS["p95"]
+    if CHANNELS in data:
+        data["no_worse_than_channels"] = diff["p95"] <= data[CHANNELS]["p95_ms"]
     return data
+
+
+LABELS = {
+    "remote": "remote (B -> bus -> A -> node)",
+    "local": "local (B -> node)",
+    "pubsub": "raw pub/sub round trip",
+    "socket": "bare socket PING round trip",
+    CHANNELS: "Django Channels pub/sub round trip",
+}
 
 
 def print_report(data: dict[str, Any]) -> None:
     s = data["settings"]
     print(header_line())
     print(
-        f"open loop to instance B at {s['rate']:g} req/s for {data['seconds']:.1f} s "
-        f"(remote and local alternating, {s['rate'] / 2:g}/s each; pub/sub laps {s['rate'] / 2:g}/s"
-        f" in between); latency from the scheduled send time"
+        f"open loop to each B at {s['rate']:g} req/s for {data['seconds']:.1f} s "
+        f"(remote and local alternating, {s['rate'] / 2:g}/s each, per bus client; every other"
+        f" round trip {s['rate'] / 2:g}/s, interleaved); latency from the scheduled send time"
     )
     print()
-    print(f"{'':34}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}{'ok':>7}  errors")
-    labels = {
-        "remote": "remote (B -> bus -> A -> node)",
-        "local": "local (B -> node)",
-        "pubsub": "raw Redis pub/sub round trip",
-    }
-    for kind in KINDS:
-        d = data[kind]
+    print(f"{'':44}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}{'ok':>7}  errors")
+
+    def row(label: str, d: dict[str, Any]) -> None:
         print(
-            f"{labels[kind]:34}{fmt_ms(d['p50_ms']):>9}{fmt_ms(d['p95_ms']):>9}"
+            f"{label:44}{fmt_ms(d['p50_ms']):>9}{fmt_ms(d['p95_ms']):>9}"
             f"{fmt_ms(d['p99_ms']):>9}{fmt_ms(d['max_ms']):>9}{d['ok']:7d}  {d['errors'] or '-'}"
         )
-    diff = data["difference_ms"]
-    print(
-        f"{'difference remote - local':34}{fmt_ms(diff['p50']):>9}{fmt_ms(diff['p95']):>9}"
-        f"{fmt_ms(diff['p99']):>9}"
-    )
+
+    for client in CLIENTS:
+        x = suffix(client)
+        for kind in ("remote", "local", "pubsub"):
+            row(f"{client:8}{LABELS[kind]}", data[kind + x])
+        diff = data[f"difference{x}_ms"]
+        print(
+            f"{client:8}{'hop: remote - local':36}{fmt_ms(diff['p50']):>9}{fmt_ms(diff['p95']):>9}"
+            f"{fmt_ms(diff['p99']):>9}"
+        )
+    row(f"{'':8}{LABELS['socket']}", data["socket"])
+    if CHANNELS in data:
+        row(f"{'':8}{LABELS[CHANNELS]}", data[CHANNELS])
+    else:
+        print(f"{'':8}{LABELS[CHANNELS]}: not measured ({data.get('channels_note') or 'n/a'})")
     print()
     verdict = "within" if data["within_budget"] else "OVER"
     aim = "met" if data["within_aim"] else "not met"
     print(
         f"seed budget for the hop: p95 <= {BUDGET_MS['p95']:g} ms, p99 <= {BUDGET_MS['p99']:g} ms"
-        f" -> {verdict}; our aim p95 <= {AIM_MS['p95']:g} ms -> {aim}"
+        f" -> {verdict}; our aim p95 <= {AIM_MS['p95']:g} ms (lean) -> {aim}"
+        + (
+            f"; no worse than Channels' p95 -> {'yes' if data['no_worse_than_channels'] else 'no'}"
+            if CHANNELS in data
+            else ""
+        )
     )
     lag = data["send_lag_ms"]
     if lag["p99"] > 10:
@@ -339,42 +356,42 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep:
                 print(f"logs in {harness.dir}", file=sys.stderr)
             redis_url = harness.redis()
-            harness.env.update(
-                GEMMANET_REDIS_URL=redis_url,
-                GEMMANET_MULTI_INSTANCE="1",
-                GEMMANET_KEY_PREFIX=f"bench{os.getpid()}",
-            )
+            harness.env.update(GEMMANET_REDIS_URL=redis_url, GEMMANET_MULTI_INSTANCE="1")
             keys = harness.create_keys(args.keys)
-            a = harness.coordinator("instance-A", GEMMANET_INSTANCE_ID="A")
-            b = harness.coordinator("instance-B", GEMMANET_INSTANCE_ID="B")
-            wait_until(
-                lambda: a.status()["instances"] == 2 and b.status()["instances"] == 2,
-                "both instances to see each other",
-            )
-            node_a = harness.node(a, "node-on-A", ["remote"])
-            node_b = harness.node(b, "node-on-B", ["local"])
-            wait_until(
-                lambda: (
-                    {n["node_id"]: n["instance_id"] for n in b.nodes()}
-                    == {"node-on-A": "A", "node-on-B": "B"}
-                ),
-                "B to see the node of A",
-            )
-            pids = {
-                "A": a.proc.popen.pid,
-                "B": b.proc.popen.pid,
-                "node_A": node_a.popen.pid,
-                "node_B": node_b.popen.pid,
-                "redis": harness.procs[0].popen.pid,
-            }
-            samples, cpu, elapsed = trio.run(
-                measure, b.url, redis_url, keys, args.rate, args.duration, warmup_s, pids
+            pids = {"redis": harness.procs[0].popen.pid}
+            b_urls: dict[str, str] = {}
+            coordinators = []
+            for client in CLIENTS:
+                x = "" if client == CLIENTS[0] else "2"
+                pair = {"GEMMANET_REDIS_BUS_CLIENT": client,
+                        "GEMMANET_KEY_PREFIX": f"bench{os.getpid()}{client}"}  # fmt: skip
+                a = harness.coordinator(f"instance-A{x}", GEMMANET_INSTANCE_ID=f"A{x}", **pair)
+                b = harness.coordinator(f"instance-B{x}", GEMMANET_INSTANCE_ID=f"B{x}", **pair)
+                wait_until(
+                    lambda a=a, b=b: a.status()["instances"] == 2 and b.status()["instances"] == 2,
+                    f"A{x} and B{x} to see each other",
+                )
+                node_a = harness.node(a, f"node-on-A{x}", ["remote"])
+                node_b = harness.node(b, f"node-on-B{x}", ["local"])
+                wait_until(
+                    lambda b=b, x=x: (
+                        {n["node_id"]: n["instance_id"] for n in b.nodes()}
+                        == {f"node-on-A{x}": f"A{x}", f"node-on-B{x}": f"B{x}"}
+                    ),
+                    f"B{x} to see the node of A{x}",
+                )
+                pids.update({f"A{x}": a.proc.popen.pid, f"B{x}": b.proc.popen.pid,
+                             f"node_A{x}": node_a.popen.pid, f"node_B{x}": node_b.popen.pid})  # fmt: skip
+                b_urls[client] = b.url
+                coordinators += [(f"A{x}", a), (f"B{x}", b)]
+            samples, cpu, elapsed, channels_note = trio.run(
+                measure, b_urls, redis_url, keys, args.rate, args.duration, warmup_s, pids
             )
             for proc in harness.procs:
                 proc.check_alive()
-            data = report(samples, cpu, elapsed, settings)
+            data = report(samples, cpu, elapsed, settings, channels_note)
             data["diagnostics"] = {
-                name: coord.status().get("diagnostics") for name, coord in (("A", a), ("B", b))
+                name: coord.status().get("diagnostics") for name, coord in coordinators
             }
             data["log_lines_with_error"] = harness.logs_with("ERROR")
             data["log_lines_with_warning"] = harness.logs_with("WARNING")
