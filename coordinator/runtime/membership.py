@@ -84,6 +84,10 @@ class Membership:
         self._judge = LivenessJudge(self.timing)
         self._beat_view = LivenessJudge(self.timing)
         self._peers: dict[str, InstanceSnapshot] = {}
+        # Each member's last snapshot bytes and their decoding: most beats carry the bytes the
+        # previous beat carried (no node came, went or changed its load), and those are neither
+        # decoded again nor turned into new placement views (idle cost follows changes).
+        self._decoded: dict[str, tuple[bytes, InstanceSnapshot | None]] = {}
         # Peers forgotten (judged dead, or an assign reached nobody) -> their last beat then:
         # they stay out of ``peers`` until they beat again, so the next beat's read does not
         # bring a killed peer back into the placement view and the API's lists for its TTL.
@@ -182,13 +186,26 @@ class Membership:
                 continue
             if entry.member in self._forgotten:
                 continue
-            snapshot = registry.decode_snapshot(entry.data)
+            snapshot = self._decode(entry.member, entry.data)
             if snapshot is not None:
                 peers[entry.member] = snapshot
+        self._decoded = {m: d for m, d in self._decoded.items() if m in beats}
+        if _same_snapshots(peers, self._peers):
+            return  # nothing placement sees has changed: keep its views as they are
         self._peers = peers
         self.version += 1
         if self.on_peers is not None:
             self.on_peers(self.peers())
+
+    def _decode(self, member: str, data: bytes) -> InstanceSnapshot | None:
+        """``member``'s snapshot from ``data``: the same object as last time when the bytes are
+        the same (decoding is the per-node part of a beat)."""
+        known = self._decoded.get(member)
+        if known is not None and known[0] == data:
+            return known[1]
+        snapshot = registry.decode_snapshot(data)
+        self._decoded[member] = (data, snapshot)
+        return snapshot
 
     def peers(self) -> list[InstanceSnapshot]:
         """Last snapshots of the live peers, sorted by instance id, without this instance."""
@@ -246,8 +263,14 @@ class Membership:
             self.forget_peer(instance_id)
         incarnations = {}
         for entry in view.entries:
-            snapshot = registry.decode_snapshot(entry.data)
+            snapshot = self._decode(entry.member, entry.data)
             if snapshot is not None:
                 incarnations[entry.member] = snapshot.incarnation
         self.incarnations = incarnations
         return dead
+
+
+def _same_snapshots(a: dict[str, InstanceSnapshot], b: dict[str, InstanceSnapshot]) -> bool:
+    """Whether two peer maps hold the very same snapshot objects (``_decode`` hands out the
+    same object for the same bytes, so identity is equality here, and O(peers))."""
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)

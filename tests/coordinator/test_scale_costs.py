@@ -1,0 +1,133 @@
+"""Costs that must follow changes, not the node count (issue 11, "ten thousand nodes").
+
+* a peer's unchanged snapshot is neither decoded again nor handed to placement again;
+* placement picks its first candidates without sorting every node, in the very order the full
+  sort gives;
+* the per-request "does anything serve this model" check follows peers that come and go.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory_bus import MemoryBus
+from coordinator.core import registry
+from coordinator.core.instance_machine import InstanceMachine
+from coordinator.core.node_table import NodeConnection
+from coordinator.core.placement import NodeView, rank_candidates
+from coordinator.core.registry import InstanceSnapshot, NodeEntry
+from coordinator.runtime.membership import Membership
+from coordinator.settings import Settings
+
+
+def snapshot(instance: str, nodes: int, *, in_flight: int = 0) -> InstanceSnapshot:
+    entries = [
+        NodeEntry(node_id=f"{instance}-n{i}", conn_id=f"{instance}-c{i}", models=["m"],
+                  max_parallel=2, in_flight=in_flight)
+        for i in range(nodes)
+    ]  # fmt: skip
+    return InstanceSnapshot(instance_id=instance, in_flight=0, nodes=entries)
+
+
+async def test_an_unchanged_peer_snapshot_is_decoded_once_and_not_handed_to_placement_again(
+    monkeypatch: object,
+) -> None:
+    coordination = MemoryCoordination(lambda: 100.0)
+    bus = MemoryBus()
+    published = {"B": snapshot("B", 50)}
+
+    def member(name: str) -> Membership:
+        settings = Settings(instance_id=name, multi_instance=True, redis_url="memory://")
+        published.setdefault(name, snapshot(name, 0))
+        return Membership(
+            coordination, bus, settings, snapshot=lambda: published[name], clock=lambda: 0.0
+        )
+
+    a, b = member("A"), member("B")
+    decoded: list[str] = []
+    real_decode = registry.decode_snapshot
+
+    def counting_decode(data: bytes) -> InstanceSnapshot | None:
+        found = real_decode(data)
+        decoded.append(found.instance_id if found is not None else "?")
+        return found
+
+    monkeypatch.setattr(registry, "decode_snapshot", counting_decode)  # type: ignore[attr-defined]
+    told: list[list[InstanceSnapshot]] = []
+    a.on_peers = told.append
+
+    async with bus.listen("B"):  # B is alive to the judge (an inbox with no listener is dead)
+        await b._beat(first=True)
+        await a._beat(first=True)
+        for _ in range(5):
+            await a._beat()
+            await a.dead_among(["B"])  # the judge's reads see the same bytes too
+        assert len(told) == 1 and [len(s.nodes) for s in told[0]] == [50]
+        assert decoded.count("B") == 1
+        assert a.incarnations.keys() == {"A", "B"}
+
+        published["B"] = snapshot("B", 50, in_flight=1)  # load changed: placement must see it
+        await b._beat()
+        await a._beat()
+        await a._beat()
+        assert len(told) == 2 and told[1][0].nodes[0].in_flight == 1
+        assert decoded.count("B") == 2
+        assert [p.nodes[0].in_flight for p in a.peers()] == [1]
+
+
+def views(count: int, seed: int) -> list[NodeView]:
+    pick = random.Random(seed)
+    return [
+        NodeView(node_id=f"n{i:03}", instance_id="A", conn_id=f"c{i}", models=frozenset({"m"}),
+                 max_parallel=2, in_flight=pick.randrange(3),
+                 rating=pick.choice([None, 1.0, 3.0, 5.0]))
+        for i in range(count)
+    ]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(0, 60),
+    seed=st.integers(0, 10**6),
+    limit=st.integers(1, 12),
+    shuffled=st.booleans(),
+)
+def test_the_first_candidates_are_the_head_of_the_full_order(
+    count: int, seed: int, limit: int, shuffled: bool
+) -> None:
+    nodes = views(count, seed)
+    last = {n.conn_id for n in nodes[::7]}
+
+    def rng() -> random.Random | None:
+        return random.Random(seed) if shuffled else None
+
+    full = rank_candidates(nodes, rng=rng(), last=last)
+    head = rank_candidates(nodes, rng=rng(), last=last, limit=limit)
+    assert head == full[:limit]
+
+
+def connection(conn_id: str, model: str) -> NodeConnection:
+    return NodeConnection(conn_id=conn_id, node_id=conn_id, models=frozenset({model}),
+                          max_parallel=1, vram_gb=None, agent_version="", connected_at=0.0,
+                          last_seen=0.0)  # fmt: skip
+
+
+def test_serves_follows_local_nodes_and_peers_that_come_and_go() -> None:
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    assert not machine.serves("m")
+    machine.node_connected(connection("c-local", "local-model"), 0.0)
+    assert machine.serves("local-model") and not machine.serves("m")
+    machine.set_peers([snapshot("B", 3)])
+    assert machine.serves("m")
+    machine.forget_peer("B")
+    assert not machine.serves("m")
+    machine.set_peers([snapshot("B", 3)])
+    assert machine.serves("m")
+    machine.set_peers([])
+    assert not machine.serves("m")
+    machine.node_disconnected("c-local", "test", 0.0)
+    assert not machine.serves("local-model")
