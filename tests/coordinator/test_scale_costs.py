@@ -1,6 +1,7 @@
 """Costs that must follow changes, not the node count (issue 11, "ten thousand nodes").
 
-* a peer's unchanged snapshot is neither decoded again nor handed to placement again;
+* a beat carries a digest of the snapshot; a peer's unchanged snapshot is neither fetched,
+  nor decoded again, nor handed to placement again;
 * placement picks its first candidates without sorting every node, in the very order the full
   sort gives;
 * the per-request "does anything serve this model" check follows peers that come and go.
@@ -69,6 +70,9 @@ async def test_an_unchanged_peer_snapshot_is_decoded_once_and_not_handed_to_plac
         assert len(told) == 1 and [len(s.nodes) for s in told[0]] == [50]
         assert decoded.count("B") == 1
         assert a.incarnations.keys() == {"A", "B"}
+        # the registry carries a digest, not the 50 nodes: a beat's read does not grow with them
+        view = await coordination.presence_read(registry.PRESENCE, stall_after_s=1.0)
+        assert max(len(e.data) for e in view.entries) < 200
 
         published["B"] = snapshot("B", 50, in_flight=1)  # load changed: placement must see it
         await b._beat()
