@@ -136,6 +136,11 @@ class Coordination(abc.ABC):
     async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
         """Reset the TTL of ``key`` to ``ttl_s`` only if it still holds ``expected``."""
 
+    async def refresh_many(self, expected: Sequence[tuple[str, bytes]], ttl_s: float) -> list[bool]:
+        """``refresh_if`` for each (key, expected value), in order. Backends batch it (Redis:
+        one round trip per ``REFRESH_BATCH`` keys); this default refreshes one key at a time."""
+        return [await self.refresh_if(key, value, ttl_s) for key, value in expected]
+
     @abc.abstractmethod
     async def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
