@@ -194,6 +194,12 @@ class Coordination(abc.ABC):
     async def put_node_facts(self, facts: NodeFacts) -> None:
         """Record what placement may rely on about a node (its owner calls this)."""
 
+    async def put_many_node_facts(self, facts: Sequence[NodeFacts]) -> None:
+        """``put_node_facts`` for several nodes (Redis: one HSET); this default writes one at a
+        time."""
+        for one in facts:
+            await self.put_node_facts(one)
+
     @abc.abstractmethod
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
         """Forget the node's facts if they are still those of ``conn_id``."""

@@ -4,23 +4,29 @@
   nor decoded again, nor handed to placement again;
 * placement picks its first candidates without sorting every node, in the very order the full
   sort gives;
-* the per-request "does anything serve this model" check follows peers that come and go.
+* the per-request "does anything serve this model" check follows peers that come and go;
+* the periodic rewrite of node facts goes in batches, not one round trip per node.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coordinator.capacity import parse_capacity
+from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.memory import MemoryCoordination
 from coordinator.coordination.memory_bus import MemoryBus
 from coordinator.core import registry
 from coordinator.core.instance_machine import InstanceMachine
-from coordinator.core.node_table import NodeConnection
+from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.core.placement import NodeView, rank_candidates
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
+from coordinator.runtime import node_facts
 from coordinator.runtime.membership import Membership
 from coordinator.settings import Settings
 
@@ -135,3 +141,36 @@ def test_serves_follows_local_nodes_and_peers_that_come_and_go() -> None:
     assert not machine.serves("m")
     machine.node_disconnected("c-local", "test", 0.0)
     assert not machine.serves("local-model")
+
+
+async def test_the_periodic_facts_refresh_writes_nodes_in_batches(autojump_clock: object) -> None:
+    class Counting(MemoryCoordination):
+        def __init__(self) -> None:
+            super().__init__(trio.current_time)
+            self.single: list[str] = []
+            self.batches: list[list[str]] = []
+
+        async def put_node_facts(self, facts: NodeFacts) -> None:
+            self.single.append(facts.node_id)
+            await super().put_node_facts(facts)
+
+        async def put_many_node_facts(self, facts: Sequence[NodeFacts]) -> None:
+            batch = list(facts)
+            self.batches.append([f.node_id for f in batch])
+            for one in batch:
+                await super().put_node_facts(one)
+
+    coordination = Counting()
+    table = NodeTable()
+    count = node_facts.REFRESH_BATCH + 3
+    for i in range(count):
+        table.register(connection(f"c{i:04}", "m"))
+    writer = node_facts.NodeFactsWriter("A", parse_capacity(""), coordination, table)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        await trio.sleep(node_facts.REFRESH_S + 0.1)
+        nursery.cancel_scope.cancel()
+    assert coordination.single == []  # not one round trip per node
+    assert [len(b) for b in coordination.batches] == [node_facts.REFRESH_BATCH, 3]
+    written = sorted(node for batch in coordination.batches for node in batch)
+    assert written == sorted(f"c{i:04}" for i in range(count))
