@@ -174,3 +174,23 @@ async def test_the_periodic_facts_refresh_writes_nodes_in_batches(autojump_clock
     assert [len(b) for b in coordination.batches] == [node_facts.REFRESH_BATCH, 3]
     written = sorted(node for batch in coordination.batches for node in batch)
     assert written == sorted(f"c{i:04}" for i in range(count))
+
+
+def test_a_snapshot_reuses_the_entries_of_connections_whose_load_did_not_move() -> None:
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    for name in ("c1", "c2"):
+        machine.node_connected(connection(name, "m"), 0.0)
+    first = machine.snapshot()
+    machine.owner.nodes.by_conn("c2").tasks.add("t1")  # type: ignore[union-attr]
+    second = machine.snapshot()
+    assert second.nodes[0] is first.nodes[0]  # c1 unchanged: the same entry, no allocation
+    assert second.nodes[1] is not first.nodes[1]
+    assert [n.in_flight for n in second.nodes] == [0, 1]
+    assert second == InstanceSnapshot(
+        instance_id="A", in_flight=0, nodes=[
+            NodeEntry(node_id=n, conn_id=n, models=["m"], max_parallel=1, in_flight=i)
+            for n, i in (("c1", 0), ("c2", 1))
+        ],
+    )  # fmt: skip
+    machine.node_disconnected("c1", "test", 0.0)
+    assert [n.conn_id for n in machine.snapshot().nodes] == ["c2"]
