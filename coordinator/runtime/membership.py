@@ -42,6 +42,8 @@ log = logging.getLogger("gemmanet.membership")
 #: A member silent this long is removed from the registry (a dead peer's snapshot must not
 #: linger; far longer than any stall we ride out, so a paused Redis forgets nobody).
 FORGET_AFTER_S = 60.0
+#: how long a change waits for more before it is published (far below the beat)
+COALESCE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,9 @@ class Membership:
         while True:
             with trio.move_on_after(self.timing.beat_s):
                 await self._dirty.wait()
+                # A burst of changes (hundreds of nodes connecting) makes one write of the
+                # snapshot, not one each: it costs O(nodes) to write and to fetch.
+                await trio.sleep(COALESCE_S)
             self._dirty = trio.Event()
             try:
                 await self._beat()
@@ -158,7 +163,6 @@ class Membership:
             forget_after_s=FORGET_AFTER_S,
         )
         self._absorb(view, self._clock() - sent)
-        await self._refresh_peers(view)
         if view.previous_beat is None and not first:
             # The store no longer had our entry: it restarted empty (or forgot us). What we
             # keep there besides the beat (node facts, our snapshot) has to be written again.
@@ -182,6 +186,11 @@ class Membership:
             )
             if self.on_presence_lapsed is not None:
                 await self.on_presence_lapsed()
+        try:
+            await self._refresh_peers(view)
+        except CoordinationUnavailable as exc:
+            # The beat itself went through: only the placement view stays a beat older.
+            log.warning("could not fetch the peers' snapshots: %s", exc)
 
     async def _publish_snapshot(self, encoded: bytes) -> None:
         """Write our full snapshot under its own key when it changed (or its TTL needs it): a
