@@ -33,14 +33,21 @@ async def _connected_nodes(
     coordination: Coordination, alive_ttl_s: float
 ) -> dict[str, ConnectedNode]:
     view = await coordination.presence_read(registry.PRESENCE, stall_after_s=_NO_STALL_RECORD_S)
+    # An instance that stopped beating is dead to its peers: its nodes do not count.
+    beating = [e for e in view.entries if view.now - e.last_beat <= alive_ttl_s]
+    snapshots = []
+    presences = [registry.decode_presence(e.data) for e in beating]
+    fetch = [registry.snapshot_key(p.instance_id) for p in presences if p is not None and p.digest]
+    stored = await coordination.get_many(fetch) if fetch else []
+    for presence in presences:
+        if presence is not None and not presence.digest:  # a writer that predates digests
+            snapshots.append(registry.legacy_snapshot(presence))
+    for data in stored:
+        snapshot = registry.decode_snapshot(data) if data is not None else None
+        if snapshot is not None:
+            snapshots.append(snapshot)
     found: dict[str, tuple[float, ConnectedNode]] = {}
-    for entry in view.entries:
-        # An instance that stopped beating is dead to its peers: its nodes do not count.
-        if view.now - entry.last_beat > alive_ttl_s:
-            continue
-        snapshot = registry.decode_snapshot(entry.data)
-        if snapshot is None:
-            continue
+    for snapshot in snapshots:
         for node in snapshot.nodes:
             # During a replace an identity shows on two instances: the newer connection wins.
             if node.node_id in found and found[node.node_id][0] >= node.connected_at:

@@ -136,6 +136,11 @@ class Coordination(abc.ABC):
     async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
         """Reset the TTL of ``key`` to ``ttl_s`` only if it still holds ``expected``."""
 
+    async def refresh_many(self, expected: Sequence[tuple[str, bytes]], ttl_s: float) -> list[bool]:
+        """``refresh_if`` for each (key, expected value), in order. Backends batch it (Redis:
+        one round trip per ``REFRESH_BATCH`` keys); this default refreshes one key at a time."""
+        return [await self.refresh_if(key, value, ttl_s) for key, value in expected]
+
     @abc.abstractmethod
     async def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
@@ -188,6 +193,12 @@ class Coordination(abc.ABC):
     @abc.abstractmethod
     async def put_node_facts(self, facts: NodeFacts) -> None:
         """Record what placement may rely on about a node (its owner calls this)."""
+
+    async def put_many_node_facts(self, facts: Sequence[NodeFacts]) -> None:
+        """``put_node_facts`` for several nodes (Redis: one HSET); this default writes one at a
+        time."""
+        for one in facts:
+            await self.put_node_facts(one)
 
     @abc.abstractmethod
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:

@@ -63,6 +63,7 @@ from coordinator.coordination.redis_scripts import (
     PRESENCE,
     RATE_LIMIT,
     REFRESH_IF,
+    REFRESH_MANY,
     LuaScript,
 )
 from coordinator.coordination.redis_subscription import RedisSubscription
@@ -80,6 +81,8 @@ DEFAULT_SUBSCRIBER_BUFFER = 10_000
 #: the clients PUBLISH and SUBSCRIBE can take (GEMMANET_REDIS_BUS_CLIENT); the first is default
 BUS_CLIENTS = ("lean", "coredis")
 _SCAN_COUNT = 1000
+#: keys per ``refresh_many`` script: one script blocks Redis, so it stays short
+REFRESH_BATCH = 500
 
 
 def _ttl_ms(ttl_s: float | None) -> str:
@@ -243,6 +246,17 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
     async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
         ttl = _ttl_ms(ttl_s)
         return bool(await self._eval(REFRESH_IF, [self._name(key)], [expected, ttl]))
+
+    async def refresh_many(self, expected: Sequence[tuple[str, bytes]], ttl_s: float) -> list[bool]:
+        ttl = _ttl_ms(ttl_s)
+        done: list[bool] = []
+        for at in range(0, len(expected), REFRESH_BATCH):
+            batch = expected[at : at + REFRESH_BATCH]
+            reply = await self._eval(
+                REFRESH_MANY, [self._name(k) for k, _ in batch], [ttl, *(v for _, v in batch)]
+            )
+            done.extend(bool(int(r)) for r in reply)
+        return done
 
     async def delete(self, key: str) -> None:
         await self._command("DEL", b"DEL", self._name(key))

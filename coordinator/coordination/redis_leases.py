@@ -74,18 +74,16 @@ class RedisLeases(RedisLink):
     # -- facts ----------------------------------------------------------------------------------
 
     async def put_node_facts(self, facts: NodeFacts) -> None:
-        record: dict[str, Any] = {
-            "conn": facts.conn_id,
-            "instance": facts.instance_id,
-            "max_parallel": facts.max_parallel,
-            "resident": [[model, float(gb)] for model, gb in facts.resident.items()],
-        }
-        if facts.memory_gb is not None:
-            record["memory_gb"] = float(facts.memory_gb)
-        # One HSET replaces the node's record atomically; no script needed.
-        await self._command(
-            "HSET lease facts", b"HSET", self._name(_FACTS), facts.node_id, json.dumps(record)
-        )
+        await self.put_many_node_facts([facts])
+
+    async def put_many_node_facts(self, facts: Sequence[NodeFacts]) -> None:
+        if not facts:
+            return
+        fields: list[str] = []
+        for one in facts:
+            fields += [one.node_id, _facts_record(one)]
+        # One HSET replaces each node's record atomically; no script needed.
+        await self._command("HSET lease facts", b"HSET", self._name(_FACTS), *fields)
 
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
         await self._eval(DROP_FACTS, [self._name(_FACTS)], [node_id, conn_id])
@@ -184,3 +182,16 @@ class RedisLeases(RedisLink):
             keys += self._queue_keys(model)
         reply = await self._eval(QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s)])
         return {model: int(depth) for model, depth in zip(models, reply, strict=True)}
+
+
+def _facts_record(facts: NodeFacts) -> str:
+    """A node's facts as the lease scripts read them (JSON)."""
+    record: dict[str, Any] = {
+        "conn": facts.conn_id,
+        "instance": facts.instance_id,
+        "max_parallel": facts.max_parallel,
+        "resident": [[model, float(gb)] for model, gb in facts.resident.items()],
+    }
+    if facts.memory_gb is not None:
+        record["memory_gb"] = float(facts.memory_gb)
+    return json.dumps(record)

@@ -15,6 +15,7 @@ __all__ = [
     "PRESENCE",
     "RATE_LIMIT",
     "REFRESH_IF",
+    "REFRESH_MANY",
     "LuaScript",
 ]
 
@@ -65,6 +66,22 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+""",
+)
+
+# KEYS: the keys; ARGV[1] TTL ms, then each key's expected value. Returns 1/0 per key.
+REFRESH_MANY = _script(
+    "refresh_many",
+    """
+local done = {}
+for k = 1, #KEYS do
+  if redis.call('GET', KEYS[k]) == ARGV[k + 1] then
+    done[k] = redis.call('PEXPIRE', KEYS[k], ARGV[1])
+  else
+    done[k] = 0
+  end
+end
+return done
 """,
 )
 

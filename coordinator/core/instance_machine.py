@@ -66,10 +66,12 @@ class InstanceMachine:
             rng=rng,
             tracks_keys=tracks_keys,
             host_views=self.hosts.views if self.hosts else None,
+            serves=self.serves,
         )
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
         self._remote_views: list[NodeView] | None = None
+        self._remote_models: frozenset[str] | None = None
 
     # -- what placement sees ----------------------------------------------------------------
 
@@ -77,10 +79,12 @@ class InstanceMachine:
         """The last published snapshots of the live peers."""
         self._peers = {s.instance_id: s for s in snapshots if s.instance_id != self.me}
         self._remote_views = None
+        self._remote_models = None
 
     def forget_peer(self, instance_id: str) -> None:
         if self._peers.pop(instance_id, None) is not None:
             self._remote_views = None
+            self._remote_models = None
 
     def set_ratings(self, ratings: Ratings) -> None:
         self.ratings = ratings
@@ -88,6 +92,17 @@ class InstanceMachine:
 
     def peers(self) -> list[InstanceSnapshot]:
         return [self._peers[i] for i in sorted(self._peers)]
+
+    def serves(self, model: str) -> bool:
+        """Whether a connected node (here or on a live peer) serves ``model``: the check every
+        request makes first, without building the views."""
+        if any(model in c.models for c in self.owner.nodes.connections_unsorted()):
+            return True
+        if self._remote_models is None:
+            self._remote_models = frozenset(
+                m for snap in self._peers.values() for entry in snap.nodes for m in entry.models
+            )
+        return model in self._remote_models
 
     def views(self) -> list[NodeView]:
         """Placement candidates: local nodes as they are, peers' nodes from their snapshots

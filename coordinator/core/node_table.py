@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from coordinator.core.placement import NodeView
@@ -69,6 +70,10 @@ class NodeTable:
     def silent(self, now: float, deadline_s: float) -> list[NodeConnection]:
         """Connections that sent nothing for longer than ``deadline_s``."""
         return [c for c in self._by_conn.values() if now - c.last_seen > deadline_s]
+
+    def connections_unsorted(self) -> Iterable[NodeConnection]:
+        """The connections in no particular order (a scan that needs no order, no sort)."""
+        return self._by_node.values()
 
     def connections(self) -> list[NodeConnection]:
         return sorted(self._by_node.values(), key=lambda c: c.node_id)

@@ -51,6 +51,8 @@ class Owner:
         self.forward_grace_s = forward_grace_s
         self.nodes = NodeTable()
         self.forwarding = ForwardingTable()
+        # conn id -> its entry in the last snapshot (``snapshot`` reuses the unchanged ones)
+        self._entries: dict[str, NodeEntry] = {}
         # Answers dropped before they reached any requester, by why.
         self.dropped: dict[Verdict, int] = {
             Verdict.WRONG_SOURCE: 0,
@@ -252,12 +254,14 @@ class Owner:
         return self.forwarding.requesters() - {self.me}
 
     def snapshot(self, in_flight: int) -> InstanceSnapshot:
-        return InstanceSnapshot(
-            instance_id=self.me,
-            incarnation=self.incarnation,
-            in_flight=in_flight,
-            nodes=[
-                NodeEntry(
+        # Built every beat: a connection's entry is made again only when its load moved (the
+        # rest of it is fixed for the connection's life), so an idle beat allocates nothing
+        # per node.
+        entries: dict[str, NodeEntry] = {}
+        for c in self.nodes.connections():
+            entry = self._entries.get(c.conn_id)
+            if entry is None or entry.in_flight != c.in_flight:
+                entry = NodeEntry(
                     node_id=c.node_id,
                     conn_id=c.conn_id,
                     models=sorted(c.models),
@@ -267,6 +271,11 @@ class Owner:
                     agent_version=c.agent_version,
                     connected_at=c.connected_at,
                 )
-                for c in self.nodes.connections()
-            ],
+            entries[c.conn_id] = entry
+        self._entries = entries
+        return InstanceSnapshot(
+            instance_id=self.me,
+            incarnation=self.incarnation,
+            in_flight=in_flight,
+            nodes=list(entries.values()),
         )

@@ -4,15 +4,19 @@ the cluster-wide view built from those snapshots. Pure: the shell reads and writ
 Keys (relative to GEMMANET_KEY_PREFIX):
 
     inst:registry           presence registry (Coordination.presence_*): each instance's last
-                            beat on the backend's clock, with its InstanceSnapshot as the data
-                            (one atomic write per beat; the snapshot lives exactly as long as
-                            the beat that carries it, so a Redis pause cannot expire it alone)
+                            beat on the backend's clock, with a ``PresenceData`` digest of its
+                            snapshot as the data (a few dozen bytes, whatever the node count)
+    inst:snapshot:{inst}    the instance's full InstanceSnapshot, written before the beat that
+                            names its digest, only when it changed (and every
+                            SNAPSHOT_REWRITE_S, its TTL being FORGET_AFTER_S): peers fetch it
+                            only when the digest in the registry moved
     node:owner:{node}       "{instance} {conn_id}" of the connection that owns the identity
     lock:single-instance    the instance id holding the single-instance lock
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 
 import msgspec
@@ -22,10 +26,17 @@ from coordinator.core.placement import NodeView
 PRESENCE = "inst:registry"
 OWNER_PREFIX = "node:owner:"
 SINGLE_INSTANCE_LOCK = "lock:single-instance"
+SNAPSHOT_PREFIX = "inst:snapshot:"
+#: an unchanged snapshot is written again this often, to keep its key's TTL ahead
+SNAPSHOT_REWRITE_S = 20.0
 
 
 def owner_key(node_id: str) -> str:
     return OWNER_PREFIX + node_id
+
+
+def snapshot_key(instance_id: str) -> str:
+    return SNAPSHOT_PREFIX + instance_id
 
 
 def owner_value(instance_id: str, conn_id: str) -> bytes:
@@ -59,8 +70,60 @@ class InstanceSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     incarnation: str = ""
 
 
+class PresenceData(msgspec.Struct, frozen=True, kw_only=True):
+    """What an instance beats into the registry: its snapshot's digest, not the snapshot.
+    Field-compatible with ``InstanceSnapshot`` (a reader that predates digests decodes it as a
+    snapshot with no nodes); ``digest`` "" marks a writer that predates digests, whose data is
+    the full snapshot (``nodes`` then holds them)."""
+
+    instance_id: str
+    in_flight: int
+    incarnation: str = ""
+    nodes: list[NodeEntry] = []
+    #: ``snapshot_digest`` of the snapshot at ``snapshot_key(instance_id)``
+    digest: str = ""
+    node_count: int = 0
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(InstanceSnapshot)
+_presence_decoder = msgspec.json.Decoder(PresenceData)
+
+
+def snapshot_digest(encoded: bytes) -> str:
+    """A short fingerprint of an encoded snapshot (equal bytes, equal digest)."""
+    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+
+
+def encode_presence(snapshot: InstanceSnapshot, encoded: bytes) -> bytes:
+    """The registry data for ``snapshot`` (``encoded``: its ``encode_snapshot``)."""
+    return _encoder.encode(
+        PresenceData(
+            instance_id=snapshot.instance_id,
+            in_flight=snapshot.in_flight,
+            incarnation=snapshot.incarnation,
+            digest=snapshot_digest(encoded),
+            node_count=len(snapshot.nodes),
+        )
+    )
+
+
+def decode_presence(data: bytes) -> PresenceData | None:
+    """Registry data, or None for anything unreadable."""
+    try:
+        return _presence_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def legacy_snapshot(presence: PresenceData) -> InstanceSnapshot:
+    """The full snapshot a writer that predates digests put in the registry itself."""
+    return InstanceSnapshot(
+        instance_id=presence.instance_id,
+        in_flight=presence.in_flight,
+        nodes=presence.nodes,
+        incarnation=presence.incarnation,
+    )
 
 
 def encode_snapshot(snapshot: InstanceSnapshot) -> bytes:

@@ -137,12 +137,16 @@ class Requester:
         rng: random.Random,
         tracks_keys: bool = False,
         host_views: Callable[[float], list[NodeView]] | None = None,
+        serves: Callable[[str], bool] | None = None,
     ) -> None:
         self.me = instance_id
         # API keys have an active-request limit: every request holds an entry in the store.
         self._tracks_keys = tracks_keys
         self.tracker = TaskTracker()
         self._views = views
+        # Whether any node serves a model, without building every view (one check per request;
+        # without it, the views are scanned).
+        self._serves = serves
         # Direct model hosts: candidates only while their facts are fresh, so at a given time.
         self._host_views = host_views
         self._rng = rng
@@ -163,7 +167,7 @@ class Requester:
         """Take a new task: ask for a lease on a node serving its model. Raises NoNodeForModel
         when no online node (nor, given ``now``, direct host) serves it (refused at once,
         never queued)."""
-        if not any(assign.model in v.models for v in self._all_views(now)):
+        if not self._any_serves(assign.model, now):
             raise no_node_serves(assign.model)
         request = Request(assign, deadline, key_id=key_id, attempt=1)
         self._requests[assign.task_id] = request
@@ -179,8 +183,7 @@ class Requester:
         if request is None or request.attempt != attempt or request.lease is not None:
             return None
         serving = self._serving(request, now)
-        ranked = rank_candidates(serving, rng=self._rng, last=request.full)
-        return ranked[:MAX_CANDIDATES]
+        return rank_candidates(serving, rng=self._rng, last=request.full, limit=MAX_CANDIDATES)
 
     def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:
         """A lease on ``view``'s node was granted: send the task there."""
@@ -265,6 +268,14 @@ class Requester:
             error = why if keep_why else no_node_serves(request.assign.model)
             return effects + self._fail(task_id, error)
         return [*effects, Reserve(task_id, request.attempt)]
+
+    def _any_serves(self, model: str, now: float | None) -> bool:
+        if self._serves is None:
+            return any(model in v.models for v in self._all_views(now))
+        if self._serves(model):
+            return True
+        hosts = self._host_views(now) if now is not None and self._host_views is not None else []
+        return any(model in v.models for v in hosts)
 
     def _all_views(self, now: float | None) -> list[NodeView]:
         views = self._views()

@@ -42,6 +42,8 @@ log = logging.getLogger("gemmanet.membership")
 #: A member silent this long is removed from the registry (a dead peer's snapshot must not
 #: linger; far longer than any stall we ride out, so a paused Redis forgets nobody).
 FORGET_AFTER_S = 60.0
+#: how long a change waits for more before it is published (far below the beat)
+COALESCE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,12 @@ class Membership:
         self._judge = LivenessJudge(self.timing)
         self._beat_view = LivenessJudge(self.timing)
         self._peers: dict[str, InstanceSnapshot] = {}
+        # Each peer's last snapshot with its digest: while the digest in the registry does not
+        # move (no node came, went or changed its load), the snapshot is neither fetched nor
+        # decoded again nor turned into new placement views (idle cost follows changes).
+        self._known: dict[str, tuple[str, InstanceSnapshot]] = {}
+        # The digest of our snapshot as last written under its key, and when (our clock)
+        self._written: tuple[str, float] | None = None
         # Peers forgotten (judged dead, or an assign reached nobody) -> their last beat then:
         # they stay out of ``peers`` until they beat again, so the next beat's read does not
         # bring a killed peer back into the placement view and the API's lists for its TTL.
@@ -118,6 +126,9 @@ class Membership:
         while True:
             with trio.move_on_after(self.timing.beat_s):
                 await self._dirty.wait()
+                # A burst of changes (hundreds of nodes connecting) makes one write of the
+                # snapshot, not one each: it costs O(nodes) to write and to fetch.
+                await trio.sleep(COALESCE_S)
             self._dirty = trio.Event()
             try:
                 await self._beat()
@@ -140,19 +151,25 @@ class Membership:
     # -- presence ---------------------------------------------------------------------------
 
     async def _beat(self, *, first: bool = False) -> None:
+        snapshot = self._snapshot()
+        encoded = registry.encode_snapshot(snapshot)
+        await self._publish_snapshot(encoded)
         sent = self._clock()
         view = await self.coordination.presence_beat(
             registry.PRESENCE,
             self.me,
-            registry.encode_snapshot(self._snapshot()),
+            registry.encode_presence(snapshot, encoded),
             stall_after_s=self.timing.stall_gap_s,
             forget_after_s=FORGET_AFTER_S,
         )
         self._absorb(view, self._clock() - sent)
-        if view.previous_beat is None and not first and self.on_forgotten is not None:
+        if view.previous_beat is None and not first:
             # The store no longer had our entry: it restarted empty (or forgot us). What we
-            # keep there besides the beat (node facts) has to be written again.
-            self.on_forgotten()
+            # keep there besides the beat (node facts, our snapshot) has to be written again.
+            self._written = None
+            self._dirty.set()
+            if self.on_forgotten is not None:
+                self.on_forgotten()
         lapsed = presence_lapsed(
             previous_beat=view.previous_beat,
             now=view.now,
@@ -169,6 +186,29 @@ class Membership:
             )
             if self.on_presence_lapsed is not None:
                 await self.on_presence_lapsed()
+        try:
+            await self._refresh_peers(view)
+        except CoordinationUnavailable as exc:
+            # The beat itself went through: only the placement view stays a beat older.
+            log.warning("could not fetch the peers' snapshots: %s", exc)
+
+    async def _publish_snapshot(self, encoded: bytes) -> None:
+        """Write our full snapshot under its own key when it changed (or its TTL needs it): a
+        beat carries only its digest. Best effort: the beat goes on without it (peers then keep
+        fetching until the key and the digest agree)."""
+        digest = registry.snapshot_digest(encoded)
+        now = self._clock()
+        written = self._written
+        if written and written[0] == digest and now - written[1] < registry.SNAPSHOT_REWRITE_S:
+            return
+        try:
+            await self.coordination.set(
+                registry.snapshot_key(self.me), encoded, ttl_s=FORGET_AFTER_S
+            )
+        except CoordinationUnavailable as exc:
+            log.warning("could not publish this instance's snapshot: %s", exc)
+            return
+        self._written = (digest, now)
 
     def _absorb(self, view: PresenceView, round_trip_s: float) -> None:
         beats = {e.member: e.last_beat for e in view.entries}
@@ -176,19 +216,54 @@ class Membership:
         self._last_beats = beats
         self._last_read_at = view.now
         self._forgotten = registry.still_forgotten(self._forgotten, beats)
-        peers = {}
+
+    async def _refresh_peers(self, view: PresenceView) -> None:
+        """The live peers' snapshots: the ones we hold where their digest did not move, the
+        others fetched in one round trip (idle, a beat reads a few dozen bytes per peer)."""
+        current: dict[str, registry.PresenceData] = {}
         for entry in view.entries:
-            if entry.member == self.me or self._beat_view.stale(entry.member):
+            member = entry.member
+            if member == self.me or self._beat_view.stale(member) or member in self._forgotten:
                 continue
-            if entry.member in self._forgotten:
-                continue
-            snapshot = registry.decode_snapshot(entry.data)
-            if snapshot is not None:
-                peers[entry.member] = snapshot
+            presence = registry.decode_presence(entry.data)
+            if presence is not None:
+                current[member] = presence
+        self._known = {m: k for m, k in self._known.items() if m in self._last_beats}
+        moved = sorted(
+            m
+            for m, p in current.items()
+            if p.digest and (m not in self._known or self._known[m][0] != p.digest)
+        )
+        if moved:
+            fetched = await self.coordination.get_many([registry.snapshot_key(m) for m in moved])
+            for member, data in zip(moved, fetched, strict=True):
+                snapshot = registry.decode_snapshot(data) if data is not None else None
+                if snapshot is not None:
+                    self._known[member] = (registry.snapshot_digest(data or b""), snapshot)
+        peers = {}
+        for member, presence in current.items():
+            if not presence.digest:
+                peers[member] = self._legacy(member, presence)
+            elif member in self._known:
+                # The newest snapshot its key held (if that is not yet the one the digest
+                # names, a write is under way or failed: the next beat fetches again).
+                peers[member] = self._known[member][1]
+        if _same_snapshots(peers, self._peers):
+            return  # nothing placement sees has changed: keep its views as they are
         self._peers = peers
         self.version += 1
         if self.on_peers is not None:
             self.on_peers(self.peers())
+
+    def _legacy(self, member: str, presence: registry.PresenceData) -> InstanceSnapshot:
+        """A writer that predates digests: its snapshot is in the registry (same object while
+        it does not change, so placement views are not rebuilt)."""
+        snapshot = registry.legacy_snapshot(presence)
+        known = self._known.get(member)
+        if known is not None and known[0] == "" and known[1] == snapshot:
+            return known[1]
+        self._known[member] = ("", snapshot)
+        return snapshot
 
     def peers(self) -> list[InstanceSnapshot]:
         """Last snapshots of the live peers, sorted by instance id, without this instance."""
@@ -246,8 +321,15 @@ class Membership:
             self.forget_peer(instance_id)
         incarnations = {}
         for entry in view.entries:
-            snapshot = registry.decode_snapshot(entry.data)
-            if snapshot is not None:
-                incarnations[entry.member] = snapshot.incarnation
+            presence = registry.decode_presence(entry.data)
+            if presence is not None:
+                incarnations[entry.member] = presence.incarnation
         self.incarnations = incarnations
         return dead
+
+
+def _same_snapshots(a: dict[str, InstanceSnapshot], b: dict[str, InstanceSnapshot]) -> bool:
+    """Whether two peer maps hold the very same snapshot objects (a snapshot is decoded once
+    per digest and then handed out as the same object, so identity is equality here, and
+    O(peers))."""
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)

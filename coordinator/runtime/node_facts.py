@@ -23,6 +23,7 @@ from coordinator.core.node_table import NodeConnection, NodeTable
 log = logging.getLogger("gemmanet.node_facts")
 
 REFRESH_S = 10.0
+REFRESH_BATCH = 500
 RETRY_S = 0.5
 
 
@@ -70,11 +71,26 @@ class NodeFactsWriter:
         while True:
             with trio.move_on_after(REFRESH_S) as waiting:
                 await self._changed.wait()
-            if waiting.cancelled_caught:
-                for conn in self._nodes.connections():
-                    self._dirty.setdefault(conn.node_id, (conn.conn_id, False))
             self._changed = trio.Event()
+            if waiting.cancelled_caught:
+                await self._refresh_all()
             await self._flush()
+
+    async def _refresh_all(self) -> None:
+        """Every node's facts again, ``REFRESH_BATCH`` per write (not a round trip per node:
+        this is the idle cost that grows with the node count). Each batch is read from the
+        table right before it is sent, like a single write; a failed batch falls back to the
+        per-node queue and its retries."""
+        ids = [c.node_id for c in self._nodes.connections() if c.node_id not in self._dirty]
+        for at in range(0, len(ids), REFRESH_BATCH):
+            batch = [self._nodes.by_node(i) for i in ids[at : at + REFRESH_BATCH]]
+            conns = [c for c in batch if c is not None]
+            try:
+                await self._coordination.put_many_node_facts([self.facts_of(c) for c in conns])
+            except CoordinationUnavailable as exc:
+                log.warning("could not refresh the facts of %d node(s): %s", len(conns), exc)
+                for conn in conns:
+                    self._dirty.setdefault(conn.node_id, (conn.conn_id, False))
 
     async def _flush(self) -> None:
         coordination = self._coordination

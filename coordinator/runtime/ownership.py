@@ -53,6 +53,20 @@ class Ownership:
             return True
         return await self._coordination.compare_and_set(key, None, mine, ttl_s=self._ttl_s)
 
+    async def confirm_all(self, conns: list[NodeConnection]) -> list[NodeConnection]:
+        """``confirm`` for many connections, the refreshes batched: those owned elsewhere."""
+        keyed = [
+            (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
+        ]
+        refreshed = await self._coordination.refresh_many(keyed, self._ttl_s)
+        lost = []
+        for conn, (key, mine), done in zip(conns, keyed, refreshed, strict=True):
+            if not done and not await self._coordination.compare_and_set(
+                key, None, mine, ttl_s=self._ttl_s
+            ):
+                lost.append(conn)
+        return lost
+
     async def owned_elsewhere(self, conns: list[NodeConnection]) -> list[NodeConnection]:
         """One read of our nodes' records: the connections whose identity is owned by another
         connection now (a record that expired in a long freeze is claimed back)."""

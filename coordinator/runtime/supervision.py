@@ -94,9 +94,7 @@ class Supervisor:
                 lost = await instance.ownership.owned_elsewhere(instance.nodes.connections())
                 if instance.clock() - last_refresh >= refresh_every:
                     last_refresh = instance.clock()
-                    for conn in instance.nodes.connections():
-                        if not await instance.ownership.confirm(conn):
-                            lost.append(conn)
+                    lost += await instance.ownership.confirm_all(instance.nodes.connections())
             except CoordinationUnavailable as exc:
                 log.warning("could not check node ownership: %s", exc)
                 continue

@@ -119,6 +119,21 @@ async def test_refresh_if(backend: Backend) -> None:
     assert await c.refresh_if("alive", b"me", 0.3) is False
 
 
+async def test_refresh_many_refreshes_only_the_keys_that_hold_their_expected_value(
+    backend: Backend,
+) -> None:
+    c = backend.coord
+    for i in range(3):
+        await c.set(f"own:{i}", b"me", ttl_s=0.2)
+    await backend.advance(0.1)
+    expected = [("own:0", b"me"), ("own:1", b"someone-else"), ("absent", b"me"), ("own:2", b"me")]
+    assert await c.refresh_many(expected, 0.3) == [True, False, False, True]
+    await backend.advance(0.2)  # past the original TTL, inside the refreshed one
+    assert [await c.get(f"own:{i}") for i in range(3)] == [b"me", None, b"me"]
+    assert await c.get("absent") is None
+    assert await c.refresh_many([], 0.3) == []
+
+
 async def test_delete(backend: Backend) -> None:
     c = backend.coord
     await c.set("d", b"1")

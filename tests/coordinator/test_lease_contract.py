@@ -156,6 +156,25 @@ async def test_gone_when_the_facts_name_another_connection_or_none(backend: Back
     assert (await c.lease_usage(["n1"]))["n1"].leases == 1
 
 
+async def test_facts_written_together_are_each_node_s_own(backend: Backend) -> None:
+    c = backend.coord
+    await beat(c, "O", "A")
+    await c.put_many_node_facts(
+        [
+            NodeFacts("n1", "c1", "O", 1, 10.0, {"a": 4.0}),
+            NodeFacts("n2", "c2", "O", 2, None, {}),
+        ]
+    )
+    await c.put_many_node_facts([])
+    wrong = await c.admit(ask("r0", ("n1", "c2"), ("n2", "c1")), rules())
+    assert wrong.refusals == {"n1": "gone", "n2": "gone"}  # each record names its own conn
+    granted(await c.admit(ask("r1", model="a", model_gb=4.0, kv_gb=1.0), rules()))
+    full = await c.admit(ask("r2", ("n1", "c1"), ("n2", "c2"), model="a", model_gb=4.0), rules())
+    granted(full, "n2")
+    assert full.refusals == {"n1": "full"}  # n1's max_parallel 1, from the batch
+    assert (await c.lease_usage(["n1"]))["n1"].memory_gb == pytest.approx(5.0)  # resident a
+
+
 async def test_stale_when_the_owner_stops_beating(backend: Backend) -> None:
     c = backend.coord
     await beat(c, "O", "A")

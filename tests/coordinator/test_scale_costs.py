@@ -1,0 +1,196 @@
+"""Costs that must follow changes, not the node count (issue 11, "ten thousand nodes").
+
+* a beat carries a digest of the snapshot; a peer's unchanged snapshot is neither fetched,
+  nor decoded again, nor handed to placement again;
+* placement picks its first candidates without sorting every node, in the very order the full
+  sort gives;
+* the per-request "does anything serve this model" check follows peers that come and go;
+* the periodic rewrite of node facts goes in batches, not one round trip per node.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.capacity import parse_capacity
+from coordinator.coordination.leases import NodeFacts
+from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory_bus import MemoryBus
+from coordinator.core import registry
+from coordinator.core.instance_machine import InstanceMachine
+from coordinator.core.node_table import NodeConnection, NodeTable
+from coordinator.core.placement import NodeView, rank_candidates
+from coordinator.core.registry import InstanceSnapshot, NodeEntry
+from coordinator.runtime import node_facts
+from coordinator.runtime.membership import Membership
+from coordinator.settings import Settings
+
+
+def snapshot(instance: str, nodes: int, *, in_flight: int = 0) -> InstanceSnapshot:
+    entries = [
+        NodeEntry(node_id=f"{instance}-n{i}", conn_id=f"{instance}-c{i}", models=["m"],
+                  max_parallel=2, in_flight=in_flight)
+        for i in range(nodes)
+    ]  # fmt: skip
+    return InstanceSnapshot(instance_id=instance, in_flight=0, nodes=entries)
+
+
+async def test_an_unchanged_peer_snapshot_is_decoded_once_and_not_handed_to_placement_again(
+    monkeypatch: object,
+) -> None:
+    coordination = MemoryCoordination(lambda: 100.0)
+    bus = MemoryBus()
+    published = {"B": snapshot("B", 50)}
+
+    def member(name: str) -> Membership:
+        settings = Settings(instance_id=name, multi_instance=True, redis_url="memory://")
+        published.setdefault(name, snapshot(name, 0))
+        return Membership(
+            coordination, bus, settings, snapshot=lambda: published[name], clock=lambda: 0.0
+        )
+
+    a, b = member("A"), member("B")
+    decoded: list[str] = []
+    real_decode = registry.decode_snapshot
+
+    def counting_decode(data: bytes) -> InstanceSnapshot | None:
+        found = real_decode(data)
+        decoded.append(found.instance_id if found is not None else "?")
+        return found
+
+    monkeypatch.setattr(registry, "decode_snapshot", counting_decode)  # type: ignore[attr-defined]
+    told: list[list[InstanceSnapshot]] = []
+    a.on_peers = told.append
+
+    async with bus.listen("B"):  # B is alive to the judge (an inbox with no listener is dead)
+        await b._beat(first=True)
+        await a._beat(first=True)
+        for _ in range(5):
+            await a._beat()
+            await a.dead_among(["B"])  # the judge's reads see the same bytes too
+        assert len(told) == 1 and [len(s.nodes) for s in told[0]] == [50]
+        assert decoded.count("B") == 1
+        assert a.incarnations.keys() == {"A", "B"}
+        # the registry carries a digest, not the 50 nodes: a beat's read does not grow with them
+        view = await coordination.presence_read(registry.PRESENCE, stall_after_s=1.0)
+        assert max(len(e.data) for e in view.entries) < 200
+
+        published["B"] = snapshot("B", 50, in_flight=1)  # load changed: placement must see it
+        await b._beat()
+        await a._beat()
+        await a._beat()
+        assert len(told) == 2 and told[1][0].nodes[0].in_flight == 1
+        assert decoded.count("B") == 2
+        assert [p.nodes[0].in_flight for p in a.peers()] == [1]
+
+
+def views(count: int, seed: int) -> list[NodeView]:
+    pick = random.Random(seed)
+    return [
+        NodeView(node_id=f"n{i:03}", instance_id="A", conn_id=f"c{i}", models=frozenset({"m"}),
+                 max_parallel=2, in_flight=pick.randrange(3),
+                 rating=pick.choice([None, 1.0, 3.0, 5.0]))
+        for i in range(count)
+    ]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(0, 60),
+    seed=st.integers(0, 10**6),
+    limit=st.integers(1, 12),
+    shuffled=st.booleans(),
+)
+def test_the_first_candidates_are_the_head_of_the_full_order(
+    count: int, seed: int, limit: int, shuffled: bool
+) -> None:
+    nodes = views(count, seed)
+    last = {n.conn_id for n in nodes[::7]}
+
+    def rng() -> random.Random | None:
+        return random.Random(seed) if shuffled else None
+
+    full = rank_candidates(nodes, rng=rng(), last=last)
+    head = rank_candidates(nodes, rng=rng(), last=last, limit=limit)
+    assert head == full[:limit]
+
+
+def connection(conn_id: str, model: str) -> NodeConnection:
+    return NodeConnection(conn_id=conn_id, node_id=conn_id, models=frozenset({model}),
+                          max_parallel=1, vram_gb=None, agent_version="", connected_at=0.0,
+                          last_seen=0.0)  # fmt: skip
+
+
+def test_serves_follows_local_nodes_and_peers_that_come_and_go() -> None:
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    assert not machine.serves("m")
+    machine.node_connected(connection("c-local", "local-model"), 0.0)
+    assert machine.serves("local-model") and not machine.serves("m")
+    machine.set_peers([snapshot("B", 3)])
+    assert machine.serves("m")
+    machine.forget_peer("B")
+    assert not machine.serves("m")
+    machine.set_peers([snapshot("B", 3)])
+    assert machine.serves("m")
+    machine.set_peers([])
+    assert not machine.serves("m")
+    machine.node_disconnected("c-local", "test", 0.0)
+    assert not machine.serves("local-model")
+
+
+async def test_the_periodic_facts_refresh_writes_nodes_in_batches(autojump_clock: object) -> None:
+    class Counting(MemoryCoordination):
+        def __init__(self) -> None:
+            super().__init__(trio.current_time)
+            self.single: list[str] = []
+            self.batches: list[list[str]] = []
+
+        async def put_node_facts(self, facts: NodeFacts) -> None:
+            self.single.append(facts.node_id)
+            await super().put_node_facts(facts)
+
+        async def put_many_node_facts(self, facts: Sequence[NodeFacts]) -> None:
+            batch = list(facts)
+            self.batches.append([f.node_id for f in batch])
+            for one in batch:
+                await super().put_node_facts(one)
+
+    coordination = Counting()
+    table = NodeTable()
+    count = node_facts.REFRESH_BATCH + 3
+    for i in range(count):
+        table.register(connection(f"c{i:04}", "m"))
+    writer = node_facts.NodeFactsWriter("A", parse_capacity(""), coordination, table)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        await trio.sleep(node_facts.REFRESH_S + 0.1)
+        nursery.cancel_scope.cancel()
+    assert coordination.single == []  # not one round trip per node
+    assert [len(b) for b in coordination.batches] == [node_facts.REFRESH_BATCH, 3]
+    written = sorted(node for batch in coordination.batches for node in batch)
+    assert written == sorted(f"c{i:04}" for i in range(count))
+
+
+def test_a_snapshot_reuses_the_entries_of_connections_whose_load_did_not_move() -> None:
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    for name in ("c1", "c2"):
+        machine.node_connected(connection(name, "m"), 0.0)
+    first = machine.snapshot()
+    machine.owner.nodes.by_conn("c2").tasks.add("t1")  # type: ignore[union-attr]
+    second = machine.snapshot()
+    assert second.nodes[0] is first.nodes[0]  # c1 unchanged: the same entry, no allocation
+    assert second.nodes[1] is not first.nodes[1]
+    assert [n.in_flight for n in second.nodes] == [0, 1]
+    assert second == InstanceSnapshot(
+        instance_id="A", in_flight=0, nodes=[
+            NodeEntry(node_id=n, conn_id=n, models=["m"], max_parallel=1, in_flight=i)
+            for n, i in (("c1", 0), ("c2", 1))
+        ],
+    )  # fmt: skip
+    machine.node_disconnected("c1", "test", 0.0)
+    assert [n.conn_id for n in machine.snapshot().nodes] == ["c2"]
