@@ -25,6 +25,7 @@ import trio
 from coordinator.coordination.base import Coordination, CoordinationUnavailable
 from coordinator.monitor.election import Candidacy
 from coordinator.monitor.poller import poll_host
+from coordinator.monitor.telemetry_poll import run_telemetry_polls
 from coordinator.settings import Settings
 
 __all__ = ["Emit", "run_monitor"]
@@ -106,9 +107,15 @@ async def run_monitor(
         stop = trio.Event()
     task_status.started(candidacy)
     emit({"event": "candidate", "candidate": candidate})
-    async with httpx.AsyncClient(
-        timeout=settings.monitor_poll_timeout_s, transport=transport
-    ) as client:
+    async with (
+        httpx.AsyncClient(timeout=settings.monitor_poll_timeout_s, transport=transport) as client,
+        trio.open_nursery() as beside,
+    ):
+        # The telemetry agents of the operator file, polled beside the fact loop (never in it:
+        # they must not delay a fenced write or a renewal), only while this one is primary.
+        beside.start_soon(
+            run_telemetry_polls, coordination, settings, client, lambda: candidacy.primary
+        )
         due = trio.current_time()
         waiting_reported = False
         while not stop.is_set():
@@ -141,3 +148,4 @@ async def run_monitor(
                 emit({"event": "resigned"})
             except CoordinationUnavailable:
                 pass
+        beside.cancel_scope.cancel()
