@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack
 
 import httpx
 import trio
@@ -60,8 +61,13 @@ class HostCalls:
         # No read timeout: the task's deadline bounds a call (a model may think a long time
         # before its first token).
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
-        async with httpx.AsyncClient(timeout=timeout, transport=self._transport) as client:
-            self._client = client
+        async with AsyncExitStack() as stack:
+            # No direct host, no client: building one loads the TLS trust store (~60 ms a
+            # time, which the simulator pays at every instance start).
+            if self._hosts:
+                self._client = await stack.enter_async_context(
+                    httpx.AsyncClient(timeout=timeout, transport=self._transport)
+                )
             try:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
