@@ -10,3 +10,28 @@ pytest_plugins = [
     "tests.fixtures.databases",
     "tests.fixtures.fake_servers",
 ]
+
+#: The longest tests (CPU-bound sweeps, the load test smoke, ...), longest first. On several
+#: workers (tools/run-tests.sh: pytest-xdist, ``--dist load`` hands out the first tests one per
+#: worker) they then start at once and overlap the many short ones instead of running last.
+LONGEST_FIRST = (
+    "tests/sim/test_simulator.py::test_a_sweep_of_200_seeds_is_green",
+    "tests/e2e/test_loadtest_smoke.py",
+    "tests/sim/test_simulator.py::test_a_sweep_of_100_seeds_with_monitors",
+    "tests/e2e/test_schemathesis.py",
+    "tests/coordinator/test_lease_model.py",
+    "tests/e2e/test_monitor_takeover.py",
+    "tests/coordinator/test_bench_smoke.py",
+    "tests/e2e/test_cli.py::test_every_subcommand_help_runs",
+    "tests/sim/test_simulator.py::test_broken_variants_are_caught",
+)
+
+
+def pytest_collection_modifyitems(items: list) -> None:  # type: ignore[type-arg]
+    def rank(item) -> int:  # type: ignore[no-untyped-def]
+        for index, prefix in enumerate(LONGEST_FIRST):
+            if item.nodeid.startswith(prefix):
+                return index
+        return len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order

@@ -35,4 +35,4 @@ fi
 # Four workers on a 2-core machine: most of the suite's time is waiting (real processes
 # starting, timeouts elapsing), so the load stays near two; GEMMANET_TEST_WORKERS=0 runs it in
 # one process. The timing bounds of the tests are written for a loaded machine.
-exec .venv/bin/python -m pytest -n "${GEMMANET_TEST_WORKERS:-4}" --dist worksteal "$@"
+exec .venv/bin/python -m pytest -n "${GEMMANET_TEST_WORKERS:-4}" --dist load "$@"
