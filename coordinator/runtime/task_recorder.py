@@ -69,7 +69,8 @@ class TaskRecorder:
         """Rate a task. Its record may still be on its way to the database (written in
         batches every ``interval_s``, here or on the instance that served it): wait for it
         briefly before answering that the task does not exist."""
-        for delay in (0.0, 0.1, 0.2, 0.4):
+        # up to 1.5 s: a loaded instance's batch (or this one's database) may be slow
+        for delay in (0.0, 0.1, 0.2, 0.4, 0.8):
             await trio.sleep(delay)
             if self.is_pending(task_id):
                 await self.flush()

@@ -371,6 +371,10 @@ class Store:
             ).scalar_one_or_none()
         if owner is None:
             raise TaskNotFound(f"no task {task_id}")
+        if owner == key_id:
+            # The task's record was written (by a batch, maybe on another instance) between the
+            # INSERT and this read: it is this key's task after all, not another key's.
+            raise TaskNotFound(f"task {task_id} was being recorded; ask again")
         raise TaskForbidden(f"task {task_id} was requested with another API key")
 
     async def rate_task(self, task_id: str, key_id: str, score: int) -> None:
