@@ -626,11 +626,13 @@ async def test_a_silent_coordinator_is_declared_dead(
     coordinator: FakeCoordinator, nursery: trio.Nursery
 ) -> None:
     coordinator.send_heartbeats = False
-    start_agent(nursery, coordinator.url)
+    # A close handshake that may take a while on a loaded machine (four test workers on two
+    # cores): the agent's verdict is what is timed, not the scheduler.
+    start_agent(nursery, coordinator.url, close_timeout_s=5.0)
     conn = await coordinator.next_conn()
     start = trio.current_time()
     assert await conn.wait_closed() == 1001
-    assert 3 * INTERVAL - 0.05 <= trio.current_time() - start <= 3 * INTERVAL + 0.3
+    assert 3 * INTERVAL - 0.05 <= trio.current_time() - start <= 3 * INTERVAL + 1.0
     coordinator.send_heartbeats = True
     again = await coordinator.next_conn()
     await wait_until(lambda: len(again.heartbeats) >= 4)
