@@ -32,7 +32,7 @@ fi
 .venv/bin/ruff check .
 .venv/bin/mypy --strict protocol coordinator
 
-# Four workers on a 2-core machine: most of the suite's time is waiting (real processes
-# starting, timeouts elapsing), so the load stays near two; GEMMANET_TEST_WORKERS=0 runs it in
+# Two workers on a 2-core machine (the suite is CPU-bound: real processes starting; four
+# were no faster and made timing-sensitive tests flaky); GEMMANET_TEST_WORKERS=0 runs it in
 # one process. The timing bounds of the tests are written for a loaded machine.
-exec .venv/bin/python -m pytest -n "${GEMMANET_TEST_WORKERS:-4}" --dist load "$@"
+exec .venv/bin/python -m pytest -n "${GEMMANET_TEST_WORKERS:-2}" --dist load "$@"
