@@ -26,6 +26,7 @@ import trio
 
 from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.factory import create_coordination
+from coordinator.coordination.memory import MemoryCoordination
 from coordinator.coordination.monitor_types import (
     EPOCH_KEY,
     FACTS_AT_KEY,
@@ -34,6 +35,7 @@ from coordinator.coordination.monitor_types import (
     LEASE_KEY,
     accepted_key,
 )
+from coordinator.coordination.redis import RedisCoordination
 from coordinator.errors import SettingsError, StartupRefused
 from coordinator.monitor.takeover_run import RunResult, TakeoverRun
 from coordinator.monitor.timing import check_monitor_bound, monitor_bound_sum
@@ -60,14 +62,7 @@ def describe_run(number: int, total: int, result: RunResult, window_s: float) ->
 
 
 async def _cleanup(settings: Settings, prefix: str, epochs: int) -> None:
-    coordination = create_coordination(
-        settings.redis_url,
-        password_file=settings.redis_password_file,
-        key_prefix=prefix,
-        ca_file=settings.redis_ca_file,
-        cert_file=settings.redis_cert_file,
-        key_file=settings.redis_key_file,
-    )
+    coordination = _coordination(settings, prefix)
     async with coordination:
         for key in (LEASE_KEY, EPOCH_KEY, FENCED_REJECTS_KEY, FACTS_KEY, FACTS_AT_KEY):
             await coordination.delete(key)
@@ -78,14 +73,7 @@ async def _cleanup(settings: Settings, prefix: str, epochs: int) -> None:
 async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResult]:
     from tools.fakes.ollama import FakeOllama
 
-    probe = create_coordination(
-        settings.redis_url,
-        password_file=settings.redis_password_file,
-        key_prefix="probe",
-        ca_file=settings.redis_ca_file,
-        cert_file=settings.redis_cert_file,
-        key_file=settings.redis_key_file,
-    )
+    probe = _coordination(settings, "probe")
     async with probe:
         await probe.ping()  # one line now rather than N failed runs
 
@@ -102,14 +90,7 @@ async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResul
             env = dict(os.environ)
             env |= {"GEMMANET_KEY_PREFIX": prefix, "GEMMANET_CAPACITY_FILE": capacity_file}
             env.pop("GEMMANET_MONITOR", None)
-            coordination = create_coordination(
-                settings.redis_url,
-                password_file=settings.redis_password_file,
-                key_prefix=prefix,
-                ca_file=settings.redis_ca_file,
-                cert_file=settings.redis_cert_file,
-                key_file=settings.redis_key_file,
-            )
+            coordination = _coordination(settings, prefix)
             async with coordination:
                 run = TakeoverRun(
                     coordination,
@@ -173,3 +154,15 @@ def run_prove_takeover(settings: Settings, *, repeat: int, gate: str) -> int:
     )
     sys.stdout.flush()
     return 0
+
+
+def _coordination(settings: Settings, key_prefix: str) -> MemoryCoordination | RedisCoordination:
+    """A connection to the configured Redis as an instance makes it (password, TLS)."""
+    return create_coordination(
+        settings.redis_url,
+        password_file=settings.redis_password_file,
+        key_prefix=key_prefix,
+        ca_file=settings.redis_ca_file,
+        cert_file=settings.redis_cert_file,
+        key_file=settings.redis_key_file,
+    )
