@@ -382,7 +382,13 @@ class NodeAgent:
                 return
             except trio.TooSlowError:
                 log.warning("nothing from the coordinator for %.1f s; reconnecting", silence_s)
-                await self._close(ws, CloseCode.GOING_AWAY, "heartbeat timeout")
+                # Only the sender writes to the socket: a close written from here raced a
+                # heartbeat being sent, and the sender, seeing the connection closing, cut the
+                # close short (the coordinator saw 1006 instead of 1001). The sender closes and
+                # then ends the connection; a sender stuck on a dead socket is bounded too.
+                with trio.move_on_after(self.config.close_timeout_s):
+                    await outbox.send(_CloseRequest(CloseCode.GOING_AWAY, "heartbeat timeout"))
+                    await trio.sleep_forever()
                 return
             try:
                 envelope = decode_node(raw)
