@@ -120,6 +120,13 @@ class Coordination(abc.ABC):
     async def swap(self, key: str, value: bytes, *, ttl_s: float | None = None) -> bytes | None:
         """Store ``value`` and return the previous value (None if there was none)."""
 
+    async def swap_many(
+        self, items: Sequence[tuple[str, bytes]], *, ttl_s: float | None = None
+    ) -> list[bytes | None]:
+        """``swap`` for each (key, value), in order; the previous values. Backends batch it
+        (Redis: one script per ``REFRESH_BATCH`` keys); this default swaps one key at a time."""
+        return [await self.swap(key, value, ttl_s=ttl_s) for key, value in items]
+
     @abc.abstractmethod
     async def compare_and_set(
         self,

@@ -64,6 +64,7 @@ from coordinator.coordination.redis_scripts import (
     RATE_LIMIT,
     REFRESH_IF,
     REFRESH_MANY,
+    SWAP_MANY,
     LuaScript,
 )
 from coordinator.coordination.redis_subscription import RedisSubscription
@@ -225,6 +226,19 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
             args += [b"PX", ttl]
         reply: bytes | None = await self._command("SET GET", b"SET", *args)
         return reply
+
+    async def swap_many(
+        self, items: Sequence[tuple[str, bytes]], *, ttl_s: float | None = None
+    ) -> list[bytes | None]:
+        ttl = _ttl_ms(ttl_s)
+        previous: list[bytes | None] = []
+        for at in range(0, len(items), REFRESH_BATCH):
+            batch = items[at : at + REFRESH_BATCH]
+            reply = await self._eval(
+                SWAP_MANY, [self._name(k) for k, _ in batch], [ttl, *(v for _, v in batch)]
+            )
+            previous.extend(reply)
+        return previous
 
     async def compare_and_set(
         self,

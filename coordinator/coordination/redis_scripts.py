@@ -16,6 +16,7 @@ __all__ = [
     "RATE_LIMIT",
     "REFRESH_IF",
     "REFRESH_MANY",
+    "SWAP_MANY",
     "LuaScript",
 ]
 
@@ -82,6 +83,26 @@ for k = 1, #KEYS do
   end
 end
 return done
+""",
+)
+
+# SET ... GET for several keys in one step (a burst of node connections claims its identities
+# together): ARGV[1] is the TTL, ARGV[k + 1] the new value of KEYS[k]; the previous values
+# come back in order (nil for an absent key).
+SWAP_MANY = _script(
+    "swap_many",
+    """
+local previous = {}
+for k = 1, #KEYS do
+  local old
+  if ARGV[1] == '' then
+    old = redis.call('SET', KEYS[k], ARGV[k + 1], 'GET')
+  else
+    old = redis.call('SET', KEYS[k], ARGV[k + 1], 'GET', 'PX', ARGV[1])
+  end
+  previous[k] = old
+end
+return previous
 """,
 )
 

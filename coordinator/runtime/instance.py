@@ -16,6 +16,7 @@ The task tree of one instance::
     ├── Supervisor.refresh_ratings       node ratings from the store
     ├── Admissions.renew                 capacity leases of running tasks
     ├── NodeFactsWriter.run              our nodes' facts (what leases are checked against)
+    ├── Ownership.run                    new connections' identity claims, batched
     ├── NodeTelemetry.run                our nodes' heartbeat telemetry, paced, into the store
     ├── HostFactsReader.run              direct hosts' monitor facts -> placement; lease facts
     ├── HostCalls.run                    one task per call to a direct host (hosts/host_calls)
@@ -197,6 +198,7 @@ class Instance:
             nursery.start_soon(supervisor.refresh_ratings)
             nursery.start_soon(self.admissions.renew)
             nursery.start_soon(self.node_facts.run)
+            nursery.start_soon(self.ownership.run)
             nursery.start_soon(self.telemetry.run)
             await nursery.start(self.host_calls.run)
             await nursery.start(self.host_facts.run)

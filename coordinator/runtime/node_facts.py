@@ -19,6 +19,7 @@ from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.leases import NodeFacts
 from coordinator.core.effects import NodeFactsChanged
 from coordinator.core.node_table import NodeConnection, NodeTable
+from coordinator.runtime.batched import Batched
 
 log = logging.getLogger("gemmanet.node_facts")
 
@@ -38,6 +39,8 @@ class NodeFactsWriter:
         # node id -> connection whose state to write (None: drop the facts of that connection)
         self._dirty: dict[str, tuple[str, bool]] = {}
         self._changed = trio.Event()
+        # The first writes of connections arriving together go out as one (runtime/batched.py).
+        self._first_writes: Batched[NodeFacts, None] = Batched(self._put_many)
 
     def facts_of(self, conn: NodeConnection) -> NodeFacts:
         capacity = self._capacity
@@ -52,7 +55,11 @@ class NodeFactsWriter:
 
     async def write_now(self, conn: NodeConnection) -> None:
         """Before a connection takes tasks. Raises CoordinationUnavailable."""
-        await self._coordination.put_node_facts(self.facts_of(conn))
+        await self._first_writes.call(self.facts_of(conn))
+
+    async def _put_many(self, facts: list[NodeFacts]) -> list[None]:
+        await self._coordination.put_many_node_facts(facts)
+        return [None] * len(facts)
 
     def changed(self, effect: NodeFactsChanged) -> None:
         current = self._nodes.by_node(effect.node_id)
@@ -68,6 +75,11 @@ class NodeFactsWriter:
         self._changed.set()
 
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._first_writes.run)
+            await self._write_changes()
+
+    async def _write_changes(self) -> None:
         while True:
             with trio.move_on_after(REFRESH_S) as waiting:
                 await self._changed.wait()
@@ -93,17 +105,41 @@ class NodeFactsWriter:
                     self._dirty.setdefault(conn.node_id, (conn.conn_id, False))
 
     async def _flush(self) -> None:
-        coordination = self._coordination
+        """Every pending change: the new facts in batches of ``REFRESH_BATCH`` (a burst of
+        connections is a few writes, not one round trip each), the dropped ones one by one
+        (each compares the connection). A failed write stays pending and is retried after
+        ``RETRY_S``, unless a newer change of that node came in meanwhile."""
         while self._dirty:
-            node_id, (conn_id, gone) = next(iter(self._dirty.items()))
-            del self._dirty[node_id]
-            conn = self._nodes.by_conn(conn_id)
-            try:
-                if gone or conn is None:
-                    await coordination.drop_node_facts(node_id, conn_id)
-                else:
-                    await coordination.put_node_facts(self.facts_of(conn))
-            except CoordinationUnavailable as exc:
-                log.warning("could not update the facts of node %s: %s", node_id, exc)
-                self._dirty.setdefault(node_id, (conn_id, gone))
+            dirty, self._dirty = self._dirty, {}
+            puts = [i for i, (c, gone) in dirty.items() if not gone and self._nodes.by_conn(c)]
+            failed = await self._put_in_batches(puts, dirty)
+            written = set(puts)
+            for node_id, (conn_id, _) in dirty.items():
+                if node_id in written:
+                    continue
+                try:
+                    await self._coordination.drop_node_facts(node_id, conn_id)
+                except CoordinationUnavailable as exc:
+                    log.warning("could not drop the facts of node %s: %s", node_id, exc)
+                    failed.append(node_id)
+            for node_id in failed:
+                self._dirty.setdefault(node_id, dirty[node_id])
+            if failed:
                 await trio.sleep(RETRY_S)
+
+    async def _put_in_batches(
+        self, node_ids: list[str], dirty: dict[str, tuple[str, bool]]
+    ) -> list[str]:
+        """The node ids whose write failed."""
+        failed: list[str] = []
+        for at in range(0, len(node_ids), REFRESH_BATCH):
+            batch = node_ids[at : at + REFRESH_BATCH]
+            # Read right before sending: the state of each node as of this write.
+            conns = [self._nodes.by_conn(dirty[i][0]) for i in batch]
+            facts = [self.facts_of(c) for c in conns if c is not None]
+            try:
+                await self._coordination.put_many_node_facts(facts)
+            except CoordinationUnavailable as exc:
+                log.warning("could not update the facts of %d node(s): %s", len(facts), exc)
+                failed.extend(batch)
+        return failed

@@ -9,10 +9,12 @@ nodes, so a replace envelope lost on the bus cannot leave an identity live on tw
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.core import registry
 from coordinator.core.node_table import NodeConnection
+from coordinator.runtime.batched import Batched
 
 log = logging.getLogger("gemmanet.ownership")
 
@@ -26,15 +28,25 @@ class Ownership:
         # would otherwise look like a connection owned elsewhere).
         self._claimed: set[str] = set()
 
+        # Claims of connections arriving together go out as one script (runtime/batched.py).
+        self._claims: Batched[NodeConnection, bytes | None] = Batched(self._swap_many)
+
+    async def run(self) -> NoReturn:
+        """Sends the claims (a task of the instance nursery)."""
+        await self._claims.run()
+
     async def claim(self, conn: NodeConnection) -> tuple[str, str] | None:
         """Make ``conn`` the owner of its identity; returns the previous (instance, conn)."""
-        previous = await self._coordination.swap(
-            registry.owner_key(conn.node_id),
-            registry.owner_value(self.me, conn.conn_id),
-            ttl_s=self._ttl_s,
-        )
+        previous = await self._claims.call(conn)
         self._claimed.add(conn.conn_id)
         return registry.parse_owner(previous)
+
+    async def _swap_many(self, conns: list[NodeConnection]) -> list[bytes | None]:
+        items = [
+            (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id))
+            for c in conns
+        ]
+        return await self._coordination.swap_many(items, ttl_s=self._ttl_s)
 
     async def release(self, node_id: str, conn_id: str) -> None:
         """Drop our record, unless a newer connection already took it over."""

@@ -72,6 +72,22 @@ async def test_swap_returns_previous_value(backend: Backend) -> None:
     assert await c.swap("s", b"third") is None
 
 
+async def test_swap_many_swaps_each_key_and_returns_the_previous_values(
+    backend: Backend,
+) -> None:
+    c = backend.coord
+    await c.set("a", b"old-a")
+    assert await c.swap_many([("a", b"new-a"), ("b", b"new-b")], ttl_s=0.2) == [b"old-a", None]
+    assert await c.get_many(["a", "b"]) == [b"new-a", b"new-b"]
+    await backend.advance(0.2 + SLACK)  # the TTL applies to every key
+    assert await c.get_many(["a", "b"]) == [None, None]
+    assert await c.swap_many([("a", b"1")]) == [None]
+    assert await c.swap_many([]) == []
+    assert await c.swap_many([("a", b"2")]) == [b"1"]  # no TTL: still there
+    await backend.advance(0.2 + SLACK)
+    assert await c.get("a") == b"2"
+
+
 async def test_compare_and_set(backend: Backend) -> None:
     c = backend.coord
     # expected None: only when absent
