@@ -63,19 +63,27 @@ class Ownership:
         key, mine = registry.owner_key(conn.node_id), registry.owner_value(self.me, conn.conn_id)
         if await self._coordination.refresh_if(key, mine, self._ttl_s):
             return True
-        return await self._coordination.compare_and_set(key, None, mine, ttl_s=self._ttl_s)
+        return await self._take_back(key, mine)
+
+    async def _take_back(self, key: str, mine: bytes) -> bool:
+        """The record was not ours a moment ago: claim it if it is absent. A claim of this
+        connection still in flight (runtime/batched.py) may have written it meanwhile, which
+        is ours too, not a loss."""
+        if await self._coordination.compare_and_set(key, None, mine, ttl_s=self._ttl_s):
+            return True
+        return await self._coordination.get(key) == mine
 
     async def confirm_all(self, conns: list[NodeConnection]) -> list[NodeConnection]:
-        """``confirm`` for many connections, the refreshes batched: those owned elsewhere."""
+        """``confirm`` for many connections, the refreshes batched: those owned elsewhere.
+        Only connections whose claim completed are checked (as in ``owned_elsewhere``)."""
+        conns = [c for c in conns if c.conn_id in self._claimed]
         keyed = [
             (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
         ]
         refreshed = await self._coordination.refresh_many(keyed, self._ttl_s)
         lost = []
         for conn, (key, mine), done in zip(conns, keyed, refreshed, strict=True):
-            if not done and not await self._coordination.compare_and_set(
-                key, None, mine, ttl_s=self._ttl_s
-            ):
+            if not done and not await self._take_back(key, mine):
                 lost.append(conn)
         return lost
 

@@ -1,0 +1,95 @@
+"""``runtime.ownership`` with batched claims: a connection whose claim is still in flight is
+never judged "owned elsewhere" (found with 2,000 nodes connecting at once: the refresh of the
+beat ran between the claim being queued and written, and closed the node with 4000)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+import trio.testing
+
+from coordinator.coordination.memory import MemoryCoordination
+from coordinator.core import registry
+from coordinator.core.node_table import NodeConnection
+from coordinator.runtime.ownership import Ownership
+
+
+def conn(node_id: str, conn_id: str) -> NodeConnection:
+    return NodeConnection(
+        conn_id=conn_id,
+        node_id=node_id,
+        models=frozenset({"m"}),
+        max_parallel=1,
+        vram_gb=None,
+        agent_version="test",
+        connected_at=0.0,
+        last_seen=0.0,
+    )
+
+
+class GatedClaims(MemoryCoordination):
+    """Claims wait at a gate; a compare-and-set may first let a pending claim land."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = trio.Event()
+        self.land_before_cas: tuple[str, bytes] | None = None
+
+    async def swap_many(
+        self, items: Sequence[tuple[str, bytes]], *, ttl_s: float | None = None
+    ) -> list[bytes | None]:
+        await self.gate.wait()
+        return await super().swap_many(items, ttl_s=ttl_s)
+
+    async def compare_and_set(
+        self,
+        key: str,
+        expected: bytes | None,
+        value: bytes | None,
+        *,
+        ttl_s: float | None = None,
+    ) -> bool:
+        if self.land_before_cas is not None:
+            await super().set(*self.land_before_cas)
+            self.land_before_cas = None
+        return await super().compare_and_set(key, expected, value, ttl_s=ttl_s)
+
+
+async def test_a_claim_in_flight_is_not_checked_and_is_ours_once_written() -> None:
+    coord = GatedClaims()
+    ownership = Ownership(coord, "I0", ttl_s=30.0)
+    c = conn("n1", "c1")
+    claimed: list[object] = []
+
+    async def claim() -> None:
+        claimed.append(await ownership.claim(c))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ownership.run)
+        nursery.start_soon(claim)
+        await trio.testing.wait_all_tasks_blocked()
+        # The beat's checks while the claim waits at the gate: nothing lost.
+        assert await ownership.confirm_all([c]) == []
+        assert await ownership.owned_elsewhere([c]) == []
+        coord.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert claimed == [None]  # nobody owned n1 before
+        assert await coord.get(registry.owner_key("n1")) == registry.owner_value("I0", "c1")
+        assert await ownership.confirm_all([c]) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_claim_landing_between_the_refresh_and_the_take_back_is_ours() -> None:
+    coord = GatedClaims()
+    ownership = Ownership(coord, "I0", ttl_s=30.0)
+    c = conn("n1", "c1")
+    key, mine = registry.owner_key("n1"), registry.owner_value("I0", "c1")
+    # The record is absent when refreshed, and our own claim writes it just before the
+    # take-back's compare-and-set (expects absent) runs.
+    coord.land_before_cas = (key, mine)
+    assert await ownership.confirm(c) is True
+    # Someone else's record landing there is a loss, as before.
+    coord.land_before_cas = (key, registry.owner_value("I1", "c9"))
+    await coord.delete(key)
+    assert await ownership.confirm(c) is False
