@@ -17,6 +17,7 @@ The task tree of one instance::
     ├── Admissions.renew                 capacity leases of running tasks
     ├── NodeFactsWriter.run              our nodes' facts (what leases are checked against)
     ├── Ownership.run                    new connections' identity claims, batched
+    ├── send_node_heartbeats             our heartbeat to every node, one timer for all
     ├── NodeTelemetry.run                our nodes' heartbeat telemetry, paced, into the store
     ├── HostFactsReader.run              direct hosts' monitor facts -> placement; lease facts
     ├── HostCalls.run                    one task per call to a direct host (hosts/host_calls)
@@ -79,7 +80,7 @@ from coordinator.runtime.membership import Membership
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_facts import NodeFactsWriter
 from coordinator.runtime.node_link import NodeLink
-from coordinator.runtime.node_socket import NodeSocket, serve_node_in
+from coordinator.runtime.node_socket import NodeSocket, send_node_heartbeats, serve_node_in
 from coordinator.runtime.node_telemetry import NodeTelemetry
 from coordinator.runtime.ownership import Ownership
 from coordinator.runtime.rate_limit import check_rate_limit
@@ -199,6 +200,9 @@ class Instance:
             nursery.start_soon(self.admissions.renew)
             nursery.start_soon(self.node_facts.run)
             nursery.start_soon(self.ownership.run)
+            nursery.start_soon(
+                send_node_heartbeats, self._links.values, self.settings.heartbeat_interval_s
+            )
             nursery.start_soon(self.telemetry.run)
             await nursery.start(self.host_calls.run)
             await nursery.start(self.host_facts.run)

@@ -27,6 +27,11 @@ class NodeLink:
             return
         self._send.send_nowait(encode(envelope))
 
+    def send_encoded_nowait(self, data: bytes) -> None:
+        """An envelope encoded once for many links (the heartbeat)."""
+        if not self.closed.is_set():
+            self._send.send_nowait(data)
+
     def request_close(self, code: int, reason: str) -> None:
         if not self.closed.is_set():
             self.close_code, self.close_reason = code, reason

@@ -7,6 +7,7 @@ websocket object in production and an in-memory pair in tests and the simulator.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import trio
@@ -18,7 +19,15 @@ from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_link import NodeLink
 from coordinator.settings import Settings
 from coordinator.store import Store
-from protocol import CloseCode, Heartbeat, Hello, NodeSession, ProtocolError, Welcome
+from protocol import (
+    CloseCode,
+    Heartbeat,
+    Hello,
+    NodeSession,
+    ProtocolError,
+    Welcome,
+    encode,
+)
 
 log = logging.getLogger("gemmanet.node_socket")
 
@@ -140,7 +149,6 @@ async def _serve_authenticated(
         await socket.send(session.send(welcome).decode())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_pump_outbox, socket, link)
-            nursery.start_soon(_send_heartbeats, instance, link)
             nursery.start_soon(_receive_envelopes, instance, socket, session, conn, link)
             await link.closed.wait()
             nursery.cancel_scope.cancel()
@@ -155,10 +163,15 @@ async def _pump_outbox(socket: NodeSocket, link: NodeLink) -> None:
         await socket.send(data.decode())
 
 
-async def _send_heartbeats(instance: NodeHost, link: NodeLink) -> None:
+async def send_node_heartbeats(links: Callable[[], Iterable[NodeLink]], interval_s: float) -> None:
+    """Our heartbeat to every node connection, every ``interval_s`` (a task of the instance).
+    One timer and one encoding for all of them: a timer per connection was a tenth of the idle
+    CPU with thousands of nodes (every expiry is a cancel-scope wake-up)."""
+    heartbeat = encode(Heartbeat())
     while True:
-        await trio.sleep(instance.settings.heartbeat_interval_s)
-        link.send_nowait(Heartbeat())
+        await trio.sleep(interval_s)
+        for link in list(links()):
+            link.send_encoded_nowait(heartbeat)
 
 
 async def _receive_envelopes(

@@ -43,8 +43,7 @@ class Ownership:
 
     async def _swap_many(self, conns: list[NodeConnection]) -> list[bytes | None]:
         items = [
-            (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id))
-            for c in conns
+            (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
         ]
         return await self._coordination.swap_many(items, ttl_s=self._ttl_s)
 

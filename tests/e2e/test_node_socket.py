@@ -4,13 +4,24 @@ silence, cancel."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import httpx
 import pytest
 import trio
 
-from protocol import Assign, Cancel, Chunk, CloseCode, Error, Hello, Result, TaskErrorCode
+from protocol import (
+    Assign,
+    Cancel,
+    Chunk,
+    CloseCode,
+    Error,
+    Heartbeat,
+    Hello,
+    Result,
+    TaskErrorCode,
+)
 from tests.fixtures.processes import Coordinator, Processes, wait_until
 from tests.fixtures.raw_node import raw_node
 
@@ -232,3 +243,27 @@ async def test_max_parallel_is_honoured(procs, coord, key) -> None:
             await node.send(Result(task_id=next_assign.task_id, output="second"))
         assert first[0].status_code == 200 and second[0].status_code == 200
         assert second[0].json()["output"] == "second"
+
+
+async def test_every_node_hears_the_coordinators_heartbeat_every_interval(procs, coord) -> None:
+    """One timer sends the heartbeat to every connection (runtime/node_socket.py): each node
+    gets one per interval (0.5 s here), whenever it connected, so its agent never declares a
+    live coordinator dead (three missed: 1.5 s)."""
+    heard: dict[str, list[float]] = {"early": [], "late": []}
+
+    async def listen(node_id: str) -> None:
+        async with raw_node(coord.url, node_id, procs.enroll(node_id)) as node:
+            with trio.move_on_after(3.0):
+                while True:
+                    envelope = await node.receive(skip_heartbeats=False)
+                    assert isinstance(envelope, Heartbeat), envelope
+                    heard[node_id].append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(listen, "early")
+        await trio.sleep(0.3)  # the second node joins between two ticks
+        nursery.start_soon(listen, "late")
+    for node_id, times in heard.items():
+        assert len(times) >= 4, (node_id, times)  # 3 s at 0.5 s, with room for a slow start
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert max(gaps) < 1.2, (node_id, gaps)  # never near the 1.5 s of three misses

@@ -17,6 +17,7 @@ counts them all, and then measures, per instance:
 
     python -m tools.bench.scale [--nodes 200,2000,10000] [--idle S] [--rate R] [--duration S]
     python -m tools.bench.scale --quick     # 50 and 200 nodes, a few seconds each (smoke)
+    python -m tools.bench.scale --nodes 2000 --py-spy DIR   # where the idle CPU goes
 
 The light nodes run in separate processes (``--per-fleet`` nodes each) so that the node side
 does not starve: their CPU is not counted. Open file limits: 10,000 nodes need about 10,000
@@ -33,6 +34,7 @@ import random
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,6 +43,7 @@ import trio
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from protocol import Assign
+from tools.bench import _profile
 from tools.bench._harness import (
     BenchError,
     Coordinator,
@@ -215,9 +218,18 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         pids = [c.proc.popen.pid for c in coords]
         cpu_before = [cpu_seconds(pid) for pid in pids]
         bytes_before = redis_net_bytes(redis_url)
+        profilers = (
+            _profile.record(
+                {f"{nodes}-I{i}": pid for i, pid in enumerate(pids)}, args.idle, args.py_spy
+            )
+            if args.py_spy
+            else []
+        )
         started = time.monotonic()
         time.sleep(args.idle)
         elapsed = time.monotonic() - started
+        for profiler in profilers:
+            profiler.wait(timeout=30)
         idle_cpu = [(cpu_seconds(pid) - before) / elapsed for pid, before in zip(pids, cpu_before)]
         redis_bps = (redis_net_bytes(redis_url) - bytes_before) / elapsed
         latencies, errors = trio.run(
@@ -281,6 +293,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="FILE", default=None, help="write the figures here")
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--keep", action="store_true", help="keep the temp dirs with the logs")
+    parser.add_argument("--py-spy", metavar="DIR", type=Path, default=None,
+                        help="profile each instance over the idle window with py-spy: raw "
+                        "stacks and a summary per instance in DIR")  # fmt: skip
     args = parser.parse_args(argv)
     args.nodes = [
         int(n) for n in (args.nodes or ("50,200" if args.quick else "200,2000,10000")).split(",")
@@ -312,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; processes stopped", file=sys.stderr)
         return 130
     print_report(rows, settings)
+    if args.py_spy:
+        for raw in sorted(args.py_spy.glob("*-I*.txt")):
+            (args.py_spy / f"{raw.stem}.summary").write_text(_profile.summary(raw) + "\n")
+        print(f"idle profiles (py-spy) in {args.py_spy}: *.summary", file=sys.stderr)
     write_json(
         args.json, {"benchmark": "scale", "cores": cores(), "settings": settings, "rows": rows}
     )
