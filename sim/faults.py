@@ -168,6 +168,16 @@ class FaultyCoordination(Coordination):
         await self.passage()
         return await self.inner.swap(key, value, ttl_s=ttl_s)
 
+    async def swap_many(
+        self,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        ttl_s: float | None = None,
+        bump: str | None = None,
+    ) -> list[bytes | None]:
+        await self.passage()  # one step, as on Redis: the swaps and the bump land together
+        return await self.inner.swap_many(items, ttl_s=ttl_s, bump=bump)
+
     async def compare_and_set(
         self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float | None = None
     ) -> bool:

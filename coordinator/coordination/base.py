@@ -121,11 +121,20 @@ class Coordination(abc.ABC):
         """Store ``value`` and return the previous value (None if there was none)."""
 
     async def swap_many(
-        self, items: Sequence[tuple[str, bytes]], *, ttl_s: float | None = None
+        self,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        ttl_s: float | None = None,
+        bump: str | None = None,
     ) -> list[bytes | None]:
-        """``swap`` for each (key, value), in order; the previous values. Backends batch it
-        (Redis: one script per ``REFRESH_BATCH`` keys); this default swaps one key at a time."""
-        return [await self.swap(key, value, ttl_s=ttl_s) for key, value in items]
+        """``swap`` for each (key, value), in order; the previous values. With ``bump``, the
+        integer at that key goes up by one in the same atomic step as the swaps (readers of the
+        counter never see the swaps without it). Backends batch it (Redis: one script per
+        ``REFRESH_BATCH`` keys); this default swaps one key at a time (not atomic)."""
+        previous = [await self.swap(key, value, ttl_s=ttl_s) for key, value in items]
+        if bump is not None and items:
+            await self.incr(bump)
+        return previous
 
     @abc.abstractmethod
     async def compare_and_set(

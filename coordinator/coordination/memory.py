@@ -111,6 +111,19 @@ class MemoryCoordination(Coordination):
     async def swap(self, key: str, value: bytes, *, ttl_s: float | None = None) -> bytes | None:
         return (await self._enter()).swap(key, value, ttl_s=ttl_s)
 
+    async def swap_many(
+        self,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        ttl_s: float | None = None,
+        bump: str | None = None,
+    ) -> list[bytes | None]:
+        state = await self._enter()  # one step: nothing runs between the swaps and the bump
+        previous = [state.swap(key, value, ttl_s=ttl_s) for key, value in items]
+        if bump is not None and items:
+            state.incr(bump)
+        return previous
+
     async def compare_and_set(
         self,
         key: str,

@@ -228,16 +228,21 @@ class RedisCoordination(RedisLeases, RedisTelemetry, RedisMonitor, Coordination)
         return reply
 
     async def swap_many(
-        self, items: Sequence[tuple[str, bytes]], *, ttl_s: float | None = None
+        self,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        ttl_s: float | None = None,
+        bump: str | None = None,
     ) -> list[bytes | None]:
         ttl = _ttl_ms(ttl_s)
         previous: list[bytes | None] = []
         for at in range(0, len(items), REFRESH_BATCH):
             batch = items[at : at + REFRESH_BATCH]
-            reply = await self._eval(
-                SWAP_MANY, [self._name(k) for k, _ in batch], [ttl, *(v for _, v in batch)]
-            )
-            previous.extend(reply)
+            keys = [self._name(k) for k, _ in batch]
+            if bump is not None:
+                keys.append(self._name(bump))  # the script bumps the key past the values
+            args = [ttl, "1" if bump is not None else "0", *(v for _, v in batch)]
+            previous.extend(await self._eval(SWAP_MANY, keys, args))
         return previous
 
     async def compare_and_set(

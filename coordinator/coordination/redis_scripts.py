@@ -87,20 +87,28 @@ return done
 )
 
 # SET ... GET for several keys in one step (a burst of node connections claims its identities
-# together): ARGV[1] is the TTL, ARGV[k + 1] the new value of KEYS[k]; the previous values
-# come back in order (nil for an absent key).
+# together): ARGV[1] is the TTL, ARGV[k + 2] the new value of KEYS[k]; the previous values come
+# back in order (nil for an absent key). ARGV[2] = '1': the last key is a counter, INCR'd in the
+# same step (instances watch it to know when owner records moved).
 SWAP_MANY = _script(
     "swap_many",
     """
+local swaps = #KEYS
+if ARGV[2] == '1' then
+  swaps = swaps - 1
+end
 local previous = {}
-for k = 1, #KEYS do
+for k = 1, swaps do
   local old
   if ARGV[1] == '' then
-    old = redis.call('SET', KEYS[k], ARGV[k + 1], 'GET')
+    old = redis.call('SET', KEYS[k], ARGV[k + 2], 'GET')
   else
-    old = redis.call('SET', KEYS[k], ARGV[k + 1], 'GET', 'PX', ARGV[1])
+    old = redis.call('SET', KEYS[k], ARGV[k + 2], 'GET', 'PX', ARGV[1])
   end
   previous[k] = old
+end
+if ARGV[2] == '1' and swaps > 0 then
+  redis.call('INCR', KEYS[#KEYS])
 end
 return previous
 """,

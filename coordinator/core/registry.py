@@ -25,6 +25,9 @@ from coordinator.core.placement import NodeView
 
 PRESENCE = "inst:registry"
 OWNER_PREFIX = "node:owner:"
+#: counts the claims of node identities cluster-wide: an instance re-reads its nodes' owner
+#: records only when it moved (runtime/ownership.py), not every beat
+OWNERS_CHANGED = "node:owners-changed"
 SINGLE_INSTANCE_LOCK = "lock:single-instance"
 SNAPSHOT_PREFIX = "inst:snapshot:"
 #: an unchanged snapshot is written again this often, to keep its key's TTL ahead

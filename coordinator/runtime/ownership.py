@@ -2,8 +2,11 @@
 
 ``node:owner:{node}`` holds "{instance} {conn_id}" of the connection that owns the identity,
 with the long ``owner_ttl_s``. A new connection swaps itself in and learns the previous owner
-(told to close with 4000 over the bus); every beat the instance re-reads the records of its
-nodes, so a replace envelope lost on the bus cannot leave an identity live on two instances.
+(told to close with 4000 over the bus). Every claim also bumps ``node:owners-changed``; each
+beat an instance reads that counter and, when it moved, re-reads the records of its nodes, so a
+replace envelope lost on the bus cannot leave an identity live on two instances (and an idle
+cluster reads one key a beat, not one per node). Every third of the TTL each record is
+refreshed, which also finds any loss the counter missed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class Ownership:
         # Connections whose claim completed: only those are checked (a claim still in flight
         # would otherwise look like a connection owned elsewhere).
         self._claimed: set[str] = set()
+        # The claims counter as of our last full read of the records (None: read them).
+        self._checked_at: bytes | None = None
 
         # Claims of connections arriving together go out as one script (runtime/batched.py).
         self._claims: Batched[NodeConnection, bytes | None] = Batched(self._swap_many)
@@ -45,7 +50,9 @@ class Ownership:
         items = [
             (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
         ]
-        return await self._coordination.swap_many(items, ttl_s=self._ttl_s)
+        return await self._coordination.swap_many(
+            items, ttl_s=self._ttl_s, bump=registry.OWNERS_CHANGED
+        )
 
     async def release(self, node_id: str, conn_id: str) -> None:
         """Drop our record, unless a newer connection already took it over."""
@@ -69,6 +76,9 @@ class Ownership:
         connection still in flight (runtime/batched.py) may have written it meanwhile, which
         is ours too, not a loss."""
         if await self._coordination.compare_and_set(key, None, mine, ttl_s=self._ttl_s):
+            # Others watch the counter to re-read their records; if this bump is lost, their
+            # refresh (``confirm_all``, a third of the TTL) still finds out.
+            await self._coordination.incr(registry.OWNERS_CHANGED)
             return True
         return await self._coordination.get(key) == mine
 
@@ -89,10 +99,16 @@ class Ownership:
     async def owned_elsewhere(self, conns: list[NodeConnection]) -> list[NodeConnection]:
         """One read of our nodes' records: the connections whose identity is owned by another
         connection now (a record that expired in a long freeze is claimed back)."""
+        # Owner records move only by claims, and every claim bumps the counter: while it
+        # stands still there is nothing to re-read (one GET a beat, not one key per node). It is
+        # read before choosing the connections: one claimed meanwhile is checked now, or the
+        # counter has moved past our mark and the next beat reads again.
+        changed = await self._coordination.get(registry.OWNERS_CHANGED)
         conns = [c for c in conns if c.conn_id in self._claimed]
-        if not conns:
+        if not conns or (changed is not None and changed == self._checked_at):
             return []
         values = await self._coordination.get_many([registry.owner_key(c.node_id) for c in conns])
+        self._checked_at = changed
         lost = []
         for conn, value in zip(conns, values, strict=True):
             owner = registry.parse_owner(value)

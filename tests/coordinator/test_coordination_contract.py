@@ -84,6 +84,11 @@ async def test_swap_many_swaps_each_key_and_returns_the_previous_values(
     assert await c.swap_many([("a", b"1")]) == [None]
     assert await c.swap_many([]) == []
     assert await c.swap_many([("a", b"2")]) == [b"1"]  # no TTL: still there
+    # With a counter bumped in the same step, once per call (empty calls change nothing).
+    assert await c.swap_many([("x", b"1"), ("y", b"1")], bump="claims") == [None, None]
+    assert await c.swap_many([("x", b"2")], bump="claims") == [b"1"]
+    assert await c.swap_many([], bump="claims") == []
+    assert await c.get("claims") == b"2"
     await backend.advance(0.2 + SLACK)
     assert await c.get("a") == b"2"
 

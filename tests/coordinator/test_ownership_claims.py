@@ -37,10 +37,14 @@ class GatedClaims(MemoryCoordination):
         self.land_before_cas: tuple[str, bytes] | None = None
 
     async def swap_many(
-        self, items: Sequence[tuple[str, bytes]], *, ttl_s: float | None = None
+        self,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        ttl_s: float | None = None,
+        bump: str | None = None,
     ) -> list[bytes | None]:
         await self.gate.wait()
-        return await super().swap_many(items, ttl_s=ttl_s)
+        return await super().swap_many(items, ttl_s=ttl_s, bump=bump)
 
     async def compare_and_set(
         self,
@@ -93,3 +97,53 @@ async def test_a_claim_landing_between_the_refresh_and_the_take_back_is_ours() -
     coord.land_before_cas = (key, registry.owner_value("I1", "c9"))
     await coord.delete(key)
     assert await ownership.confirm(c) is False
+
+
+class CountingReads(MemoryCoordination):
+    def __init__(self) -> None:
+        super().__init__()
+        self.record_reads = 0
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        self.record_reads += 1
+        return await super().get_many(keys)
+
+
+async def test_records_are_re_read_only_when_a_claim_moved_the_counter() -> None:
+    """An idle cluster reads one counter a beat; a claim anywhere (here another instance's,
+    whose replace envelope never arrived) makes the next beat read the records and find it."""
+    coord = CountingReads()
+    mine = Ownership(coord, "I0", ttl_s=30.0)
+    theirs = Ownership(coord, "I1", ttl_s=30.0)
+    a, b = conn("n1", "c1"), conn("n2", "c2")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mine.run)
+        nursery.start_soon(theirs.run)
+        await mine.claim(a)
+        await mine.claim(b)
+        assert await mine.owned_elsewhere([a, b]) == []  # first beat: reads the records
+        assert coord.record_reads == 1
+        for _ in range(5):  # idle beats: the counter stands still
+            assert await mine.owned_elsewhere([a, b]) == []
+        assert coord.record_reads == 1
+        # n2 reconnects to I1, which claims it; its replace to us is lost.
+        assert await theirs.claim(conn("n2", "c9")) == ("I0", "c2")
+        assert await mine.owned_elsewhere([a, b]) == [b]
+        assert coord.record_reads == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_lost_store_resets_the_counter_and_the_records_are_read_again() -> None:
+    coord = CountingReads()
+    mine = Ownership(coord, "I0", ttl_s=30.0)
+    a = conn("n1", "c1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mine.run)
+        await mine.claim(a)
+        assert await mine.owned_elsewhere([a]) == []
+        await coord.delete(registry.OWNERS_CHANGED)  # a Redis restart without persistence
+        await coord.delete(registry.owner_key("n1"))
+        assert await mine.owned_elsewhere([a]) == []  # read again, and claimed back
+        assert coord.record_reads == 2
+        assert await coord.get(registry.owner_key("n1")) == registry.owner_value("I0", "c1")
+        nursery.cancel_scope.cancel()

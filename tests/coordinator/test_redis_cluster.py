@@ -109,7 +109,7 @@ async def test_every_script_keeps_its_keys_in_the_home_slot(
         await c.compare_and_set("k", None, b"1")
         assert await c.refresh_if("k", b"1", 5.0)
         assert await c.refresh_many([("k", b"1"), ("absent", b"1")], 5.0) == [True, False]
-        assert await c.swap_many([("k", b"1"), ("s", b"1")], ttl_s=5.0) == [b"1", None]
+        assert await c.swap_many([("k", b"1"), ("s", b"1")], ttl_s=5.0, bump="b") == [b"1", None]
         await c.incr("n", ttl_s=5.0)
         await c.rate_limit("r", limit=2, period_s=1.0)
         await c.presence_beat("instances", "A", b"", stall_after_s=5, forget_after_s=5)

@@ -3,7 +3,9 @@
 Three coordinator instances share a private ``redis-server``. For each node count (default 200,
 2,000 and 10,000) a fresh cluster gets that many light nodes (``tools.bench.scale_fleet``: real
 WebSockets speaking protocol v1, spread evenly over the instances), waits until every instance
-counts them all, and then measures, per instance:
+counts them all (the report gives how long that took and how many "try again later" (1013)
+answers the nodes got on the way: a connection storm is paced by them, as with real agents),
+and then measures, per instance:
 
 * **idle CPU**: share of one core over ``--idle`` seconds with no requests (nodes heartbeat,
   instances beat and publish their snapshots);
@@ -31,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -155,6 +158,12 @@ def start_fleets(
     return fleets
 
 
+def connect_retries(fleet_log: str) -> int:
+    """The 1013 "try again later" answers a fleet's nodes got before all were welcomed."""
+    match = re.search(r"connected \d+ retries (\d+)", fleet_log)
+    return int(match.group(1)) if match else 0
+
+
 async def open_loop(
     urls: list[str], key: str, rate: float, duration_s: float
 ) -> tuple[list[float], dict[str, int]]:
@@ -203,6 +212,8 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         harness.env.update(GEMMANET_REDIS_URL=redis_url, GEMMANET_MULTI_INSTANCE="1",
                            GEMMANET_KEY_PREFIX=f"scale{os.getpid()}")  # fmt: skip
         key = harness.create_key("scale")
+        if args.heartbeat is not None:
+            harness.env["GEMMANET_HEARTBEAT_S"] = f"{args.heartbeat:g}"
         coords = [
             harness.coordinator(f"instance-{i}", GEMMANET_INSTANCE_ID=f"I{i}")
             for i in range(INSTANCES)
@@ -214,6 +225,9 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         wait_until(lambda: all(c.status()["online_nodes"] == nodes for c in coords),
                    f"every instance to count {nodes} nodes", timeout_s=60)  # fmt: skip
         connect_s = time.monotonic() - connect_started
+        retries = sum(
+            connect_retries(fleet.log_path.read_text(errors="replace")) for fleet in fleets
+        )
         time.sleep(args.settle)
         pids = [c.proc.popen.pid for c in coords]
         cpu_before = [cpu_seconds(pid) for pid in pids]
@@ -243,6 +257,7 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "nodes": nodes,
         "connect_s": connect_s,
+        "connect_retries": retries,
         "idle_cpu_per_instance": idle_cpu,
         "redis_bytes_per_s": redis_bps,
         "requests": len(latencies) + sum(errors.values()),
@@ -258,15 +273,18 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
 def print_report(rows: list[dict[str, Any]], settings: dict[str, Any]) -> None:
     print(header_line())
     print(f"scale: {INSTANCES} instances, idle {settings['idle_s']} s, "
-          f"{settings['rate']} req/s for {settings['duration_s']} s")  # fmt: skip
+          f"{settings['rate']} req/s for {settings['duration_s']} s, "
+          f"node heartbeat {settings['heartbeat_s']:g} s")  # fmt: skip
     print(f"{'nodes':>7} {'idle CPU per instance (% core)':>32} {'Redis B/s':>11} "
-          f"{'req p50':>8} {'req p99':>8} {'place p50':>10} {'place p99':>10} errors")  # fmt: skip
+          f"{'req p50':>8} {'req p99':>8} {'place p50':>10} {'place p99':>10} "
+          f"{'connect':>8} {'1013s':>6} errors")  # fmt: skip
     for row in rows:
         cpu = " ".join(f"{100 * c:5.1f}" for c in row["idle_cpu_per_instance"])
         lat, place = row["latency_ms"], row["placement"]
         print(f"{row['nodes']:>7} {cpu:>32} {row['redis_bytes_per_s']:>11,.0f} "
               f"{lat['p50']:>6.1f}ms {lat['p99']:>6.1f}ms {place['p50_us']:>8.0f}us "
-              f"{place['p99_us']:>8.0f}us {row['errors'] or '-'}")  # fmt: skip
+              f"{place['p99_us']:>8.0f}us {row['connect_s']:>7.1f}s {row['connect_retries']:>6} "
+              f"{row['errors'] or '-'}")  # fmt: skip
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
         print(
@@ -289,6 +307,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle", type=float, default=3.0, help="wait before measuring (s)")
     parser.add_argument("--rate", type=float, default=20.0, help="requests/s (default 20)")
     parser.add_argument("--duration", type=float, default=None, help="request s (default 15)")
+    parser.add_argument("--heartbeat", type=float, default=None,
+                        help="GEMMANET_HEARTBEAT_S of the instances (default: theirs, 2 s)")  # fmt: skip
     parser.add_argument("--per-fleet", type=int, default=1700, help="nodes per fleet process")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the figures here")
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
@@ -312,7 +332,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     install_signal_handlers()
-    settings = {"idle_s": args.idle, "rate": args.rate, "duration_s": args.duration}
+    settings = {"idle_s": args.idle, "rate": args.rate, "duration_s": args.duration,
+                "heartbeat_s": args.heartbeat or 2.0}  # fmt: skip
     rows = []
     try:
         for nodes in args.nodes:

@@ -4,18 +4,20 @@
 
 A light node speaks protocol v1 over a real WebSocket and nothing more: ``hello``, a heartbeat
 at the interval the ``welcome`` gives, and a ``result`` echoing the prompt for every ``assign``
-(no backend, no reconnect, no journal), so one process can hold thousands of connections and the
+(no backend, no journal; like a real agent it comes back later, with a growing jittered delay,
+when told 1013 "try again later"), so one process can hold thousands of connections and the
 benchmark measures the coordinator, not the agent. ``SPEC.json`` (mode 0600: it holds tokens):
 ``{"url": "http://host:port", "models": [...], "max_parallel": N, "connect_concurrency": K,
 "nodes": [{"node_id": ..., "token": ...}]}``.
 
-It prints ``connected N`` on stdout once every node is welcomed (or ``refused N ...`` and exits
-1 when any node is refused) and runs until SIGTERM/SIGINT.
+It prints ``connected N retries R`` on stdout once every node is welcomed (R: the 1013s it was
+told on the way), or ``refused N ...`` and exits 1 when any node is refused otherwise, and runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import signal
 import sys
 from pathlib import Path
@@ -28,6 +30,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 from protocol import (
     MAX_FRAME_BYTES,
     Assign,
+    CloseCode,
     Heartbeat,
     Hello,
     Result,
@@ -88,16 +91,28 @@ async def serve(spec: dict[str, Any]) -> int:
     hello = {"models": list(spec["models"]), "max_parallel": int(spec.get("max_parallel", 4))}
     limiter = trio.CapacityLimiter(int(spec.get("connect_concurrency", 100)))
     refused: list[str] = []
-    connected = 0
+    connected = retries = 0
 
     async def one(node: LightNode) -> None:
-        nonlocal connected
-        try:
-            async with limiter:
-                await nursery.start(node.run, url, hello)
-            connected += 1
-        except (OSError, ConnectionClosed, TypeError, trio_websocket.HandshakeError) as exc:
-            refused.append(f"{node.node_id}: {exc}")
+        nonlocal connected, retries
+        backoff_s = 0.5
+        while True:
+            try:
+                async with limiter:
+                    await nursery.start(node.run, url, hello)
+                connected += 1
+                return
+            except ConnectionClosed as exc:
+                if exc.reason.code != CloseCode.TRY_AGAIN_LATER:
+                    refused.append(f"{node.node_id}: {exc}")
+                    return
+                # "Reconnect later", as a real agent does: with a growing, jittered delay.
+                retries += 1
+                await trio.sleep(backoff_s * (0.5 + random.random()))
+                backoff_s = min(backoff_s * 2, 8.0)
+            except (OSError, TypeError, trio_websocket.HandshakeError) as exc:
+                refused.append(f"{node.node_id}: {exc}")
+                return
 
     async def report() -> None:
         while connected + len(refused) < len(spec["nodes"]):
@@ -106,7 +121,7 @@ async def serve(spec: dict[str, Any]) -> int:
             print(f"refused {len(refused)} {refused[:3]}", flush=True)
             nursery.cancel_scope.cancel()
             return
-        print(f"connected {connected}", flush=True)
+        print(f"connected {connected} retries {retries}", flush=True)
 
     async def watch_signals() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
