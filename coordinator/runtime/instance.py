@@ -80,7 +80,12 @@ from coordinator.runtime.membership import Membership
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_facts import NodeFactsWriter
 from coordinator.runtime.node_link import NodeLink
-from coordinator.runtime.node_socket import NodeSocket, send_node_heartbeats, serve_node_in
+from coordinator.runtime.node_socket import (
+    HEARTBEAT_TICKS,
+    NodeSocket,
+    send_node_heartbeats,
+    serve_node_in,
+)
 from coordinator.runtime.node_telemetry import NodeTelemetry
 from coordinator.runtime.ownership import Ownership
 from coordinator.runtime.rate_limit import check_rate_limit
@@ -166,6 +171,7 @@ class Instance:
             lambda answer: self.apply(self.machine.host_answer(answer, self.clock())),
         )
         self._links: dict[str, NodeLink] = {}
+        self._links_made = 0
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
         self.bus_losses = 0
@@ -365,6 +371,10 @@ class Instance:
         )
         # Leases are checked against these facts: they exist before anybody can place here.
         await self.node_facts.write_now(conn)
+        # Spread over the ticks of the heartbeat in connection order (deterministic in the
+        # simulator, unlike a hash of the connection id).
+        self._links_made += 1
+        link.share = self._links_made % HEARTBEAT_TICKS
         self._links[conn.conn_id] = link
         self.apply(self.machine.node_connected(conn, self.clock()))
         try:

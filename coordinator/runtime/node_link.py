@@ -16,7 +16,9 @@ class NodeLink:
     Anyone may queue (``send_nowait`` never blocks); the connection's sender task drains the
     queue into the socket. ``request_close`` asks the socket handler to close with a code."""
 
-    def __init__(self) -> None:
+    def __init__(self, share: int = 0) -> None:
+        #: which tick of the heartbeat interval sends to this link (runtime/node_socket.py)
+        self.share = share
         self._send, self.outbox = trio.open_memory_channel[bytes](math.inf)
         self.closed = trio.Event()
         self.close_code = 1000
