@@ -41,6 +41,7 @@ from coordinator.api.responses import json_response
 from coordinator.api.routes import authenticate, decode_body, instance, read_raw_body
 from coordinator.api.schemas import NodeInfo
 from coordinator.errors import GemmaNetError
+from coordinator.runtime import instance_status
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.task_handle import ChunkEvent, DoneEvent, TaskHandle
 
@@ -126,7 +127,7 @@ def register_openai_routes(app: Quart) -> None:
     async def models() -> Response:
         """Every model an online node serves, on any instance."""
         await authenticate()
-        nodes = msgspec.convert(await instance().cluster_nodes(), list[NodeInfo])
+        nodes = msgspec.convert(await instance_status.cluster_nodes(instance()), list[NodeInfo])
         first_seen: dict[str, int] = {}
         for node in nodes:
             connected = int(node.connected_at or 0)

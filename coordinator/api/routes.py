@@ -32,6 +32,7 @@ from coordinator.api.schemas import (
     TaskResponse,
 )
 from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
+from coordinator.runtime import instance_status
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.log_context import bind_log_ids, request_id_var
 from coordinator.runtime.task_handle import ChunkEvent, TaskHandle
@@ -130,7 +131,7 @@ def register_routes(app: Quart) -> None:
     @_errors()
     async def status() -> Response:
         """Nodes, instances and tasks in flight across all live instances."""
-        counts = await instance().cluster_status()
+        counts = await instance_status.cluster_status(instance())
         return json_response(msgspec.convert({**counts, "version": __version__}, StatusResponse))
 
     @app.get("/api/v1/nodes")
@@ -140,7 +141,7 @@ def register_routes(app: Quart) -> None:
     async def nodes() -> Response:
         """Every online node, on any instance."""
         await authenticate()
-        found = msgspec.convert(await instance().cluster_nodes(), list[NodeInfo])
+        found = msgspec.convert(await instance_status.cluster_nodes(instance()), list[NodeInfo])
         return json_response(NodesResponse(nodes=found))
 
     @app.get("/api/v1/nodes/<node_id>/telemetry")
@@ -151,7 +152,7 @@ def register_routes(app: Quart) -> None:
         """The node's host telemetry history (oldest first); 404 `unknown_node` when the node
         is neither online nor has any."""
         await authenticate()
-        samples = await instance().node_telemetry(node_id)
+        samples = await instance_status.node_telemetry(instance(), node_id)
         return json_response(NodeTelemetryResponse(node_id=node_id, samples=samples))
 
     @app.post("/api/v1/request")

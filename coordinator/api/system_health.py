@@ -24,6 +24,7 @@ from coordinator.api.responses import error_response, json_response
 from coordinator.api.routes import _BEARER, _errors, authenticate, instance
 from coordinator.api.schemas import NodeInfo
 from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.runtime import instance_status
 
 PAGE_PATH = "/system-health"
 # name -> content type; nothing else under health_page/ is served.
@@ -88,11 +89,11 @@ def register_system_health(app: Quart) -> None:
         every node."""
         api_key = await authenticate()
         inst = instance()
-        status = await inst.cluster_status()
+        status = await instance_status.cluster_status(inst)
         queued = msgspec.convert(status["queued"], dict[str, int] | None)
         nodes = None
         if api_key.admin:
-            nodes = msgspec.convert(await inst.cluster_nodes(), list[NodeInfo])
+            nodes = msgspec.convert(await instance_status.cluster_nodes(inst), list[NodeInfo])
         members = [
             InstanceLiveness(
                 instance_id=m.instance_id,

@@ -1,6 +1,8 @@
 """The trio shell around the pure core.
 
 instance.py              one coordinator instance: the driver of the cluster machine
+instance_status.py       what the API reads of the cluster through it: status, nodes, telemetry
+batched.py               group commit: store writes of callers arriving together, one bulk call
 supervision.py           its periodic duties: ticks and liveness verdicts, ownership, ratings
 membership.py            presence in the shared registry and the liveness judge's I/O
 ownership.py             which instance speaks for each node identity (owner records)

@@ -67,7 +67,6 @@ from coordinator.errors import (
     NodeDisconnected,
     StartupRefused,
     StoreError,
-    UnknownNode,
 )
 from coordinator.hosts.facts_reader import HostFactsReader
 from coordinator.hosts.host_calls import HostCalls
@@ -102,7 +101,6 @@ from protocol import (
     Heartbeat,
     Hello,
     ProtocolError,
-    TelemetrySample,
     decode_bus,
     encode,
 )
@@ -540,16 +538,7 @@ class Instance:
         except StoreError as exc:
             log.warning("could not re-read the node ratings after a rating: %s", exc)
 
-    # -- status -----------------------------------------------------------------------------
-
-    async def cluster_status(self) -> dict[str, object]:
-        queued: dict[str, int] | None = None
-        try:
-            models = cluster_view.served_models(self.machine, self.clock())
-            queued = await self.coordination.queue_depths(models, self.admissions.rules)
-        except CoordinationUnavailable as exc:
-            log.warning("status: cannot read the admission queues: %s", exc)
-        return cluster_view.status(self.machine, self.diagnostics(), queued)
+    # -- status (what the API reads of the cluster: runtime/instance_status.py) -------------
 
     def diagnostics(self) -> dict[str, object]:
         """Counters of this instance only: what was refused or lost, for operators and tests."""
@@ -560,37 +549,6 @@ class Instance:
             local_queued=self.admissions.queued(),
             lost_leases=self.admissions.lost_leases,
         )
-
-    async def cluster_nodes(self) -> list[dict[str, object]]:
-        usage = None
-        try:
-            node_ids = sorted(
-                {v.node_id for v in self.machine.views()} | set(self.machine.hosts.terms)
-            )
-            found = await self.coordination.lease_usage(node_ids)
-            usage = {n: (u.leases, u.memory_gb) for n, u in found.items()}
-        except CoordinationUnavailable as exc:
-            log.warning("nodes: cannot read the capacity leases: %s", exc)
-        infos = cluster_view.node_infos(self.machine, usage, self.clock())
-        latest = await self.telemetry.latest([str(info["node_id"]) for info in infos]) or {}
-        for info in infos:
-            info["telemetry"] = latest.get(str(info["node_id"]))
-        return infos
-
-    async def node_telemetry(self, node_id: str) -> list[TelemetrySample]:
-        """The node's telemetry history, oldest first. Raises UnknownNode when the node is
-        neither online anywhere nor has a history; CoordinationDown when the store is out of
-        reach."""
-        try:
-            samples = await self.telemetry.history(node_id)
-        except CoordinationUnavailable as exc:
-            log.warning("telemetry of node %s: %s", node_id, exc)
-            raise CoordinationDown(
-                "the telemetry cannot be read for the moment; retry after the Retry-After delay"
-            ) from None
-        if not samples and node_id not in {v.node_id for v in self.machine.views()}:
-            raise UnknownNode(f"no node {node_id!r} is online or has telemetry")
-        return samples
 
 
 def direct_hosts(settings: Settings) -> DirectHosts:
