@@ -19,7 +19,7 @@ from coordinator.api.openai_routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.api.system_health import register_system_health
-from coordinator.coordination.factory import create_bus, create_coordination
+from coordinator.coordination.factory import coordination_for, create_bus
 from coordinator.coordination.memory_bus_hub import MemoryBusHub
 from coordinator.errors import StartupRefused
 from coordinator.runtime.instance import Instance
@@ -44,16 +44,7 @@ async def run_instance(
     connections still run) or it is cancelled (what it held in Redis expires with its TTL)."""
     store = await trio.to_thread.run_sync(Store.open, settings.database_url)
     try:
-        coordination = create_coordination(
-            settings.redis_url,
-            password_file=settings.redis_password_file,
-            key_prefix=settings.key_prefix,
-            ca_file=settings.redis_ca_file,
-            cert_file=settings.redis_cert_file,
-            key_file=settings.redis_key_file,
-            clock=trio.current_time,
-            bus_client=settings.redis_bus_client,
-        )
+        coordination = coordination_for(settings, clock=trio.current_time)
         # The coordination is entered before the nursery, so cancelling the nursery at a
         # graceful stop leaves its connections open for the lock's release.
         async with coordination, trio.open_nursery() as nursery:

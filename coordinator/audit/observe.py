@@ -17,7 +17,7 @@ import trio
 
 from coordinator.audit.findings import ConnectedNode, Observed
 from coordinator.coordination.base import Coordination, CoordinationUnavailable
-from coordinator.coordination.factory import create_coordination
+from coordinator.coordination.factory import coordination_for
 from coordinator.core import registry
 from coordinator.monitor.poller import poll_host
 from coordinator.settings import Settings
@@ -64,14 +64,7 @@ async def _connected_nodes(
 
 
 async def _read_store(settings: Settings) -> Observed:
-    coordination = create_coordination(
-        settings.redis_url,
-        password_file=settings.redis_password_file,
-        key_prefix=settings.key_prefix,
-        ca_file=settings.redis_ca_file,
-        cert_file=settings.redis_cert_file,
-        key_file=settings.redis_key_file,
-    )
+    coordination = coordination_for(settings)
     async with coordination:
         await coordination.ping()
         monitor = await coordination.monitor_status()

@@ -23,11 +23,29 @@ from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
 
 if TYPE_CHECKING:
     from coordinator.coordination.redis import RedisCoordination
+    from coordinator.settings import Settings
 
-__all__ = ["BUS_NAMES", "create_bus", "create_coordination"]
+__all__ = ["BUS_NAMES", "coordination_for", "create_bus", "create_coordination"]
 
 #: values of GEMMANET_BUS
 BUS_NAMES = ("pubsub", "streams")
+
+
+def coordination_for(
+    settings: Settings, *, clock: Callable[[], float] = time.monotonic
+) -> MemoryCoordination | RedisCoordination:
+    """``create_coordination`` with every connection setting of ``settings`` (URL, password
+    file, key prefix, TLS files, bus client): what the server, the monitor and the audit open."""
+    return create_coordination(
+        settings.redis_url,
+        password_file=settings.redis_password_file,
+        key_prefix=settings.key_prefix,
+        ca_file=settings.redis_ca_file,
+        cert_file=settings.redis_cert_file,
+        key_file=settings.redis_key_file,
+        clock=clock,
+        bus_client=settings.redis_bus_client,
+    )
 
 
 def create_coordination(

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from coordinator.coordination.base import CoordinationUnavailable
-from coordinator.coordination.factory import create_coordination
+from coordinator.coordination.factory import coordination_for
 from coordinator.errors import SettingsError, StartupRefused
 from coordinator.monitor.loop import run_monitor
 from coordinator.monitor.timing import check_monitor_bound, monitor_bound_sum
@@ -50,14 +50,7 @@ def run_monitor_command(settings: Settings, *, candidate: str | None, events: bo
         log.warning("GEMMANET_MONITOR_UNFENCED=1: fact writes skip the token compare (TEST ONLY)")
 
     async def main() -> None:
-        coordination = create_coordination(
-            settings.redis_url,
-            password_file=settings.redis_password_file,
-            key_prefix=settings.key_prefix,
-            ca_file=settings.redis_ca_file,
-            cert_file=settings.redis_cert_file,
-            key_file=settings.redis_key_file,
-        )
+        coordination = coordination_for(settings)
         stop = trio.Event()
         async with coordination, trio.open_nursery() as nursery:
             await coordination.ping()
