@@ -92,3 +92,11 @@ def test_scale_benchmark(tmp_path: Path) -> None:
             and row["latency_ms"]["p50"] <= row["latency_ms"]["p99"]
         )
         assert positive(row["placement"]["p50_us"]), row
+
+
+def test_failover_benchmark(tmp_path: Path) -> None:
+    report = run_bench("tools.bench.failover", tmp_path / "failover.json")
+    assert report["benchmark"] == "failover" and report["requests"] == 2
+    # Every request in flight on the killed owner got its 502, within the 3 s contract.
+    assert positive(report["p50_s"]) and report["max_s"] <= 3.0
+    assert report["within_contract"] is True

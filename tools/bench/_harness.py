@@ -283,10 +283,11 @@ class Harness:
         models: Iterable[str],
         *,
         max_parallel: int = 64,
+        latency_ms: int = 0,
     ) -> Proc:
         token = self.enroll(node_id)
-        args = [*CLI, "node", "--coordinator", coord.url, "--node-id", node_id,
-                "--backend", "echo", "--latency-ms", "0", "--max-parallel", str(max_parallel)]  # fmt: skip
+        args = [*CLI, "node", "--coordinator", coord.url, "--node-id", node_id, "--backend",
+                "echo", "--latency-ms", str(latency_ms), "--max-parallel", str(max_parallel)]  # fmt: skip
         for model in models:
             args += ["--model", model]
         # The token travels in the environment, not on the (world-readable) command line.
