@@ -102,6 +102,19 @@ def is_interrupt(exc: BaseException) -> bool:
     return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
 
 
+def exit_code_for(benchmark: str, exc: BaseException) -> int:
+    """What a benchmark that ``exc`` ended exits with: 1 with the reason of a BenchError, 130
+    for an interrupt (its processes are stopped by the harness); anything else is a bug and is
+    raised again."""
+    if isinstance(exc, BenchError):
+        print(f"{benchmark} benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    if is_interrupt(exc):
+        print("interrupted; processes stopped", file=sys.stderr)
+        return 130
+    raise exc
+
+
 def install_signal_handlers() -> None:
     """Ctrl-C and SIGTERM both become KeyboardInterrupt (so the children get stopped), even
     when started from a shell that ignores SIGINT in background jobs."""

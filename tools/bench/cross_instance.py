@@ -37,15 +37,14 @@ import trio
 
 from tools.bench._harness import (
     LOOPBACK,
-    BenchError,
     Harness,
     cores,
     cpu_seconds,
     error_label,
+    exit_code_for,
     fmt_ms,
     header_line,
     install_signal_handlers,
-    is_interrupt,
     now_text,
     summary_ms,
     wait_until,
@@ -395,14 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             data["log_lines_with_error"] = harness.logs_with("ERROR")
             data["log_lines_with_warning"] = harness.logs_with("WARNING")
-    except BenchError as exc:
-        print(f"cross-instance benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    except BaseException as exc:
-        if not is_interrupt(exc):
-            raise
-        print("interrupted; processes stopped", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # noqa: BLE001 - exit_code_for raises again what is not a failure or an interrupt
+        return exit_code_for("cross-instance", exc)
     print_report(data)
     if data["log_lines_with_error"] or data["log_lines_with_warning"]:
         print(

@@ -28,9 +28,9 @@ from tools.bench._harness import (
     BenchError,
     Harness,
     cores,
+    exit_code_for,
     header_line,
     install_signal_handlers,
-    is_interrupt,
     percentile,
     wait_until,
     write_json,
@@ -102,14 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"... round {round_no + 1}/{args.rounds}", file=sys.stderr, flush=True)
             with Harness() as harness:
                 delays += trio.run(one_round, harness, args)
-    except BenchError as exc:
-        print(f"failover benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    except BaseException as exc:
-        if not is_interrupt(exc):
-            raise
-        print("interrupted; processes stopped", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # noqa: BLE001 - exit_code_for raises again what is not a failure or an interrupt
+        return exit_code_for("failover", exc)
     figures: dict[str, Any] = {
         "requests": len(delays),
         "p50_s": percentile(delays, 50),

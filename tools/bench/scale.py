@@ -54,9 +54,9 @@ from tools.bench._harness import (
     Proc,
     cores,
     cpu_seconds,
+    exit_code_for,
     header_line,
     install_signal_handlers,
-    is_interrupt,
     percentile,
     wait_until,
     write_json,
@@ -339,14 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         for nodes in args.nodes:
             print(f"... {nodes} nodes", file=sys.stderr, flush=True)
             rows.append(measure_count(nodes, args))
-    except BenchError as exc:
-        print(f"scale benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    except BaseException as exc:
-        if not is_interrupt(exc):
-            raise
-        print("interrupted; processes stopped", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # noqa: BLE001 - exit_code_for raises again what is not a failure or an interrupt
+        return exit_code_for("scale", exc)
     print_report(rows, settings)
     if args.py_spy:
         for raw in sorted(args.py_spy.glob("*-I*.txt")):

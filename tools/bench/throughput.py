@@ -25,15 +25,14 @@ import httpx
 import trio
 
 from tools.bench._harness import (
-    BenchError,
     Harness,
     cores,
     cpu_seconds,
     error_label,
+    exit_code_for,
     fmt_ms,
     header_line,
     install_signal_handlers,
-    is_interrupt,
     now_text,
     summary_ms,
     write_json,
@@ -329,14 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc.check_alive()
             data = report(results, settings)
             data["coordinator_log_errors"] = harness.logs_with("ERROR")
-    except BenchError as exc:
-        print(f"throughput benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    except BaseException as exc:
-        if not is_interrupt(exc):
-            raise
-        print("interrupted; processes stopped", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # noqa: BLE001 - exit_code_for raises again what is not a failure or an interrupt
+        return exit_code_for("throughput", exc)
     print_report(data)
     if data["coordinator_log_errors"]:
         print(f"ERROR lines in process logs: {data['coordinator_log_errors']}")
