@@ -7,9 +7,14 @@
   client of the bus (lean, coredis), with raw round trips for scale (``_probes.py``: pub/sub
   through either client, a bare socket PING, and Django Channels' Redis pub/sub layer in its own
   process, ``channels_probe.py``, when the ``bench`` extra is installed).
+* ``python -m tools.bench.scale`` — three instances with 200 to 10,000 light nodes
+  (``scale_fleet.py``): idle CPU, Redis bytes/s, request latency, placement time, connect time;
+  ``--py-spy DIR`` profiles each instance (``_profile.py``).
+* ``python -m tools.bench.failover`` — ``kill -9`` of the instance running tasks, time until
+  each client gets its 502.
 
-Both start their own coordinator, node agent and (for the second) ``redis-server`` processes on
-free loopback ports, and kill them on exit (Ctrl-C included). The box they run on is usually
+Each starts its own coordinator, node and ``redis-server`` processes on free loopback ports
+(``_harness.py``), and kills them on exit (Ctrl-C included). The box they run on is usually
 shared and noisy, so the figures that matter are ratios and differences of things measured in
 alternating rounds of the same run.
 """
