@@ -43,7 +43,6 @@ class Batched(Generic[T, R]):
         self._max_batch = max_batch
         self._pending: list[_Call[T, R]] = []
         self._arrived = trio.Event()
-        self.batches = 0  # bulk calls made (tests and diagnostics)
 
     async def call(self, item: T) -> R:
         call: _Call[T, R] = _Call(item)

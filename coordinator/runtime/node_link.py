@@ -16,9 +16,10 @@ class NodeLink:
     Anyone may queue (``send_nowait`` never blocks); the connection's sender task drains the
     queue into the socket. ``request_close`` asks the socket handler to close with a code."""
 
-    def __init__(self, share: int = 0) -> None:
-        #: which tick of the heartbeat interval sends to this link (runtime/node_socket.py)
-        self.share = share
+    def __init__(self) -> None:
+        #: which tick of the heartbeat interval sends to this link (set when it is attached;
+        #: runtime/node_socket.py, send_node_heartbeats)
+        self.share = 0
         self._send, self.outbox = trio.open_memory_channel[bytes](math.inf)
         self.closed = trio.Event()
         self.close_code = 1000
