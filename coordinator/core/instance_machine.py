@@ -22,9 +22,9 @@ from dataclasses import replace
 from coordinator.core import registry
 from coordinator.core.direct_hosts import DirectHosts
 from coordinator.core.effects import CallHost, Dispatch, Effect, Publish, StopHostCall, WakeQueue
-from coordinator.core.node_table import NodeConnection
+from coordinator.core.node_table import NodeConnection, view_of
 from coordinator.core.owner import Owner
-from coordinator.core.placement import NodeView
+from coordinator.core.placement import SAMPLE_ABOVE, Indexable, NodeView, sample_across
 from coordinator.core.registry import InstanceSnapshot
 from coordinator.core.requester import Requester
 from coordinator.core.tracker import Verdict
@@ -44,6 +44,23 @@ from protocol import (
 )
 
 Ratings = dict[str, tuple[float, int]]
+
+
+class _RemoteViews:
+    """The peers' nodes as placement views: all of them, and per model."""
+
+    def __init__(self, views: list[NodeView]) -> None:
+        self.all = views
+        self.by_model: dict[str, list[NodeView]] = {}
+        for view in views:
+            for model in view.models:
+                self.by_model.setdefault(model, []).append(view)
+
+
+def _corrected(view: NodeView, pending: Mapping[str, int]) -> NodeView:
+    """A peer's node with the tasks this instance sent it since its snapshot was taken."""
+    sent = pending.get(view.conn_id, 0)
+    return replace(view, in_flight=sent) if sent > view.in_flight else view
 
 
 class InstanceMachine:
@@ -67,28 +84,28 @@ class InstanceMachine:
             tracks_keys=tracks_keys,
             host_views=self.hosts.views if self.hosts else None,
             serves=self.serves,
+            sample=self.sample_views,
         )
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
-        self._remote_views: list[NodeView] | None = None
-        self._remote_models: frozenset[str] | None = None
+        # Peers' nodes as placement sees them, built once per change of the peers or ratings
+        # (not per request): all of them, and per model (the pools samples are drawn from).
+        self._remote: _RemoteViews | None = None
 
     # -- what placement sees ----------------------------------------------------------------
 
     def set_peers(self, snapshots: Iterable[InstanceSnapshot]) -> None:
         """The last published snapshots of the live peers."""
         self._peers = {s.instance_id: s for s in snapshots if s.instance_id != self.me}
-        self._remote_views = None
-        self._remote_models = None
+        self._remote = None
 
     def forget_peer(self, instance_id: str) -> None:
         if self._peers.pop(instance_id, None) is not None:
-            self._remote_views = None
-            self._remote_models = None
+            self._remote = None
 
     def set_ratings(self, ratings: Ratings) -> None:
         self.ratings = ratings
-        self._remote_views = None
+        self._remote = None
 
     def peers(self) -> list[InstanceSnapshot]:
         return [self._peers[i] for i in sorted(self._peers)]
@@ -96,13 +113,15 @@ class InstanceMachine:
     def serves(self, model: str) -> bool:
         """Whether a connected node (here or on a live peer) serves ``model``: the check every
         request makes first, without building the views."""
-        if any(model in c.models for c in self.owner.nodes.connections_unsorted()):
-            return True
-        if self._remote_models is None:
-            self._remote_models = frozenset(
-                m for snap in self._peers.values() for entry in snap.nodes for m in entry.models
+        return bool(self.owner.nodes.serving(model)) or model in self._remote_views().by_model
+
+    def _remote_views(self) -> _RemoteViews:
+        if self._remote is None:
+            views = registry.remote_views(
+                self.peers(), self.ratings, exclude_instance=self.me, pending_per_conn={}
             )
-        return model in self._remote_models
+            self._remote = _RemoteViews(views)
+        return self._remote
 
     def views(self) -> list[NodeView]:
         """Placement candidates: local nodes as they are, peers' nodes from their snapshots
@@ -110,22 +129,32 @@ class InstanceMachine:
         local = self.owner.nodes.views(self.me, self.ratings)
         if not self._peers:
             return local
-        if self._remote_views is None:
-            self._remote_views = registry.remote_views(
-                self.peers(), self.ratings, exclude_instance=self.me, pending_per_conn={}
-            )
         pending = self.requester.pending_per_remote_conn()
         # A node being replaced across instances may briefly show twice: the local
         # connection, when there is one, is the newest this instance knows of.
         local_ids = {v.node_id for v in local}
         remote = [
-            replace(v, in_flight=pending[v.conn_id])
-            if pending.get(v.conn_id, 0) > v.in_flight
-            else v
-            for v in self._remote_views
-            if v.node_id not in local_ids
+            _corrected(v, pending) for v in self._remote_views().all if v.node_id not in local_ids
         ]
         return local + remote
+
+    def sample_views(self, model: str, k: int, rng: random.Random) -> list[NodeView] | None:
+        """``k`` nodes serving ``model`` drawn at random from here and the live peers, seen as
+        ``views`` sees them; None when no more than ``SAMPLE_ABOVE`` serve it (rank them all).
+        Costs O(k), not O(nodes): the pools are kept per model."""
+        local = self.owner.nodes.serving(model)
+        remote = self._remote_views().by_model.get(model, [])
+        if len(local) + len(remote) <= SAMPLE_ABOVE:
+            return None
+        pending = self.requester.pending_per_remote_conn() if remote else {}
+        sample: list[NodeView] = []
+        pools: list[Indexable[NodeConnection | NodeView]] = [local, remote]
+        for item in sample_across(pools, k, rng):
+            if isinstance(item, NodeConnection):
+                sample.append(view_of(item, self.me, self.ratings))
+            elif self.owner.nodes.by_node(item.node_id) is None:  # the local one is newer
+                sample.append(_corrected(item, pending))
+        return sample
 
     # -- requests ---------------------------------------------------------------------------
 

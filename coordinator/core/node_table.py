@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from coordinator.core.placement import NodeView
+from coordinator.core.placement import NodeView, Pool
 
 
 @dataclass(eq=False)
@@ -36,6 +36,8 @@ class NodeTable:
     def __init__(self) -> None:
         self._by_conn: dict[str, NodeConnection] = {}
         self._by_node: dict[str, NodeConnection] = {}
+        # model -> the connections serving it (placement draws samples from these)
+        self._serving: dict[str, Pool[NodeConnection]] = {}
 
     def __len__(self) -> int:
         return len(self._by_node)
@@ -45,8 +47,11 @@ class NodeTable:
         previous = self._by_node.get(conn.node_id)
         if previous is not None:
             del self._by_conn[previous.conn_id]
+            self._unlist(previous)
         self._by_node[conn.node_id] = conn
         self._by_conn[conn.conn_id] = conn
+        for model in conn.models:
+            self._serving.setdefault(model, Pool()).add(conn.conn_id, conn)
         return previous
 
     def unregister(self, conn_id: str) -> NodeConnection | None:
@@ -54,7 +59,20 @@ class NodeTable:
         conn = self._by_conn.pop(conn_id, None)
         if conn is not None and self._by_node.get(conn.node_id) is conn:
             del self._by_node[conn.node_id]
+            self._unlist(conn)
         return conn
+
+    def _unlist(self, conn: NodeConnection) -> None:
+        for model in conn.models:
+            pool = self._serving.get(model)
+            if pool is not None:
+                pool.remove(conn.conn_id)
+                if not pool:
+                    del self._serving[model]
+
+    def serving(self, model: str) -> Pool[NodeConnection]:
+        """The connections serving ``model``, in no particular order (an empty pool if none)."""
+        return self._serving.get(model) or Pool()
 
     def by_conn(self, conn_id: str) -> NodeConnection | None:
         return self._by_conn.get(conn_id)
@@ -79,15 +97,19 @@ class NodeTable:
         return sorted(self._by_node.values(), key=lambda c: c.node_id)
 
     def views(self, instance_id: str, ratings: dict[str, tuple[float, int]]) -> list[NodeView]:
-        return [
-            NodeView(
-                node_id=c.node_id,
-                instance_id=instance_id,
-                conn_id=c.conn_id,
-                models=c.models,
-                max_parallel=c.max_parallel,
-                in_flight=c.in_flight,
-                rating=ratings[c.node_id][0] if c.node_id in ratings else None,
-            )
-            for c in self.connections()
-        ]
+        return [view_of(c, instance_id, ratings) for c in self.connections()]
+
+
+def view_of(
+    conn: NodeConnection, instance_id: str, ratings: dict[str, tuple[float, int]]
+) -> NodeView:
+    """What placement sees of a local connection now."""
+    return NodeView(
+        node_id=conn.node_id,
+        instance_id=instance_id,
+        conn_id=conn.conn_id,
+        models=conn.models,
+        max_parallel=conn.max_parallel,
+        in_flight=conn.in_flight,
+        rating=ratings[conn.node_id][0] if conn.node_id in ratings else None,
+    )

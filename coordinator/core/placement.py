@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from coordinator.errors import AllNodesBusy, NoNodeForModel
 
 # A node nobody has rated yet ranks like an average one, neither first nor last.
 NEUTRAL_RATING = 3.0
+
+#: Placement among more nodes serving a model than this looks at a random sample of
+#: ``SAMPLE_SIZE`` of them instead of ranking every one ("power of d choices": the least loaded
+#: of 32 random nodes is, for balancing load, as good as the least loaded of all, and its cost
+#: does not grow with the fleet). At or below it, every node is ranked (exact, as before).
+SAMPLE_ABOVE = 64
+SAMPLE_SIZE = 32
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Indexable(Protocol[T_co]):
+    """What ``sample_across`` draws from: a list, or a ``Pool``."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int, /) -> T_co: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +98,58 @@ def choose_node(
             retry_after_s=1,
         )
     return rank_candidates(free, rng=rng)[0]
+
+
+class Pool(Generic[T]):
+    """Items by key, in a list that a random index can be drawn from: add, remove and pick are
+    O(1) (a removal moves the last item into the hole). The nodes serving one model."""
+
+    def __init__(self) -> None:
+        self._items: list[T] = []
+        self._keys: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: int) -> T:
+        return self._items[i]
+
+    def add(self, key: str, item: T) -> None:
+        if key in self._index:
+            self._items[self._index[key]] = item
+            return
+        self._index[key] = len(self._items)
+        self._items.append(item)
+        self._keys.append(key)
+
+    def remove(self, key: str) -> None:
+        i = self._index.pop(key, None)
+        if i is None:
+            return
+        last_item, last_key = self._items.pop(), self._keys.pop()
+        if i < len(self._items):
+            self._items[i], self._keys[i] = last_item, last_key
+            self._index[last_key] = i
+
+
+def sample_across(pools: Sequence[Indexable[T]], k: int, rng: random.Random) -> list[T]:
+    """``k`` distinct items drawn uniformly from the pools taken together (all of them when
+    they hold ``k`` or fewer). O(k), whatever their sizes."""
+    sizes = [len(p) for p in pools]
+    total = sum(sizes)
+    picked = []
+    for i in rng.sample(range(total), min(k, total)):
+        for pool, size in zip(pools, sizes, strict=True):
+            if i < size:
+                picked.append(pool[i])
+                break
+            i -= size
+    return picked
+
+
+def needs_full_scan(sample: Sequence[NodeView], full: Collection[str]) -> bool:
+    """Whether a sample is not enough to place on: none of its nodes looks free (and did not
+    already turn the task down). The whole pool is then ranked, so that a free node anywhere is
+    found however few are left (near saturation placement costs O(nodes) again)."""
+    return not any(v.has_capacity and v.conn_id not in full for v in sample)

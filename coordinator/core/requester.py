@@ -36,7 +36,12 @@ from coordinator.core.effects import (
     ReleaseLease,
     Reserve,
 )
-from coordinator.core.placement import NodeView, rank_candidates
+from coordinator.core.placement import (
+    SAMPLE_SIZE,
+    NodeView,
+    needs_full_scan,
+    rank_candidates,
+)
 from coordinator.core.tracker import MAX_STREAMED_CHARS, PendingTask, TaskTracker, Verdict
 from coordinator.errors import (
     AllNodesBusy,
@@ -138,6 +143,7 @@ class Requester:
         tracks_keys: bool = False,
         host_views: Callable[[float], list[NodeView]] | None = None,
         serves: Callable[[str], bool] | None = None,
+        sample: Callable[[str, int, random.Random], list[NodeView] | None] | None = None,
     ) -> None:
         self.me = instance_id
         # API keys have an active-request limit: every request holds an entry in the store.
@@ -147,6 +153,9 @@ class Requester:
         # Whether any node serves a model, without building every view (one check per request;
         # without it, the views are scanned).
         self._serves = serves
+        # A random sample of the nodes serving a model, when many do (None: rank them all):
+        # placement among thousands of nodes without looking at each (``placement.py``).
+        self._sample = sample
         # Direct model hosts: candidates only while their facts are fresh, so at a given time.
         self._host_views = host_views
         self._rng = rng
@@ -182,7 +191,9 @@ class Requester:
         request = self._requests.get(task_id)
         if request is None or request.attempt != attempt or request.lease is not None:
             return None
-        serving = self._serving(request, now)
+        serving = self._sampled(request, now)
+        if serving is None or needs_full_scan(serving, request.full):
+            serving = self._serving(request, now)
         return rank_candidates(serving, rng=self._rng, last=request.full, limit=MAX_CANDIDATES)
 
     def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:
@@ -282,6 +293,23 @@ class Requester:
         if now is not None and self._host_views is not None:
             views = views + self._host_views(now)
         return views
+
+    def _sampled(self, request: Request, now: float | None) -> list[NodeView] | None:
+        """A random sample of the nodes serving the request's model, not known gone for it,
+        plus the direct hosts serving it; None when few enough serve it to rank them all."""
+        if self._sample is None:
+            return None
+        model = request.assign.model
+        sample = self._sample(model, SAMPLE_SIZE, self._rng)
+        if sample is None:
+            return None
+        if now is not None and self._host_views is not None:
+            sample += [v for v in self._host_views(now) if model in v.models]
+        return [
+            v
+            for v in sample
+            if v.conn_id not in request.gone_conns and v.instance_id not in request.gone_instances
+        ]
 
     def _serving(self, request: Request, now: float | None = None) -> list[NodeView]:
         """The nodes that serve the request's model and are not known gone for it."""
