@@ -195,6 +195,10 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
             "GEMMANET_HEARTBEAT_S",
             lambda n, v: _number(n, v, minimum=0.05, maximum=MAX_HEARTBEAT_S),
         ),
+        "heartbeat_rate": (
+            "GEMMANET_HEARTBEAT_RATE",
+            lambda n, v: _number(n, v, minimum=0.0, maximum=1e6),
+        ),
         "alive_ttl_s": (
             "GEMMANET_ALIVE_TTL_S",
             lambda n, v: _number(n, v, minimum=0.1, maximum=60.0),
@@ -270,6 +274,10 @@ class Settings:
     # heartbeat_misses intervals is dropped (its tasks fail with 502).
     heartbeat_interval_s: float = 2.0
     heartbeat_misses: int = 3
+    # At most this many node heartbeats per second per instance (0: no limit): beyond
+    # heartbeat_interval_s x heartbeat_rate nodes, a new connection is told a longer interval
+    # (nodes / rate). Each heartbeat costs ~150 us of CPU each way (README "Scale").
+    heartbeat_rate: float = 200.0
     max_body_bytes: int = 1024 * 1024
     # Multi-instance timing (see coordinator/runtime/membership.py): the instance heartbeat and
     # its TTL bound failover; ownership keeps the seed's long TTL.

@@ -24,6 +24,9 @@ class NodeConnection:
     tasks: set[str] = field(default_factory=set)
     #: models the node reported loaded in its last heartbeat
     resident: frozenset[str] = frozenset()
+    #: silent this long, the node is dropped (three of the heartbeat intervals it was told);
+    #: 0: the instance's deadline for all nodes (``silent``'s ``deadline_s``)
+    silent_after_s: float = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -86,8 +89,13 @@ class NodeTable:
             conn.last_seen = now
 
     def silent(self, now: float, deadline_s: float) -> list[NodeConnection]:
-        """Connections that sent nothing for longer than ``deadline_s``."""
-        return [c for c in self._by_conn.values() if now - c.last_seen > deadline_s]
+        """Connections that sent nothing for longer than ``deadline_s`` and than their own
+        ``silent_after_s`` (a connection told a longer heartbeat interval)."""
+        return [
+            c
+            for c in self._by_conn.values()
+            if now - c.last_seen > deadline_s and now - c.last_seen > c.silent_after_s
+        ]
 
     def connections_unsorted(self) -> Iterable[NodeConnection]:
         """The connections in no particular order (a scan that needs no order, no sort)."""

@@ -78,10 +78,10 @@ from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.membership import Membership
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_facts import NodeFactsWriter
-from coordinator.runtime.node_link import NodeLink
+from coordinator.runtime.node_link import HEARTBEAT_TICKS, NodeLink
 from coordinator.runtime.node_socket import (
-    HEARTBEAT_TICKS,
     NodeSocket,
+    heartbeat_interval,
     send_node_heartbeats,
     serve_node_in,
 )
@@ -357,6 +357,12 @@ class Instance:
         max_parallel, vram_gb = self.settings.capacity.budgets(
             hello.node_id, hello.max_parallel, hello.vram_gb
         )
+        # Past GEMMANET_HEARTBEAT_RATE heartbeats a second, new nodes are told a longer
+        # interval (and judged silent after as many of theirs).
+        settings = self.settings
+        heartbeat_s = heartbeat_interval(
+            settings.heartbeat_interval_s, settings.heartbeat_rate, len(self._links) + 1
+        )
         conn = NodeConnection(
             conn_id=self.new_id("c-"),
             node_id=hello.node_id,
@@ -366,13 +372,16 @@ class Instance:
             agent_version=hello.agent_version,
             connected_at=self._wall_clock(),
             last_seen=now,
+            silent_after_s=heartbeat_s * settings.heartbeat_misses,
         )
         # Leases are checked against these facts: they exist before anybody can place here.
         await self.node_facts.write_now(conn)
-        # Spread over the ticks of the heartbeat in connection order (deterministic in the
+        # Spread over the ticks of its interval in connection order (deterministic in the
         # simulator, unlike a hash of the connection id).
         self._links_made += 1
-        link.share = self._links_made % HEARTBEAT_TICKS
+        link.heartbeat_s = heartbeat_s
+        link.every = round(heartbeat_s / settings.heartbeat_interval_s * HEARTBEAT_TICKS)
+        link.share = self._links_made % link.every
         self._links[conn.conn_id] = link
         self.apply(self.machine.node_connected(conn, self.clock()))
         try:

@@ -92,6 +92,8 @@ class Membership:
         self._known: dict[str, tuple[str, InstanceSnapshot]] = {}
         # The digest of our snapshot as last written under its key, and when (our clock)
         self._written: tuple[str, float] | None = None
+        # Our last snapshot and its bytes (``_encoded``)
+        self._last_encoded: tuple[InstanceSnapshot, bytes] | None = None
         # Peers forgotten (judged dead, or an assign reached nobody) -> their last beat then:
         # they stay out of ``peers`` until they beat again, so the next beat's read does not
         # bring a killed peer back into the placement view and the API's lists for its TTL.
@@ -152,7 +154,7 @@ class Membership:
 
     async def _beat(self, *, first: bool = False) -> None:
         snapshot = self._snapshot()
-        encoded = registry.encode_snapshot(snapshot)
+        encoded = self._encoded(snapshot)
         await self._publish_snapshot(encoded)
         sent = self._clock()
         view = await self.coordination.presence_beat(
@@ -191,6 +193,17 @@ class Membership:
         except CoordinationUnavailable as exc:
             # The beat itself went through: only the placement view stays a beat older.
             log.warning("could not fetch the peers' snapshots: %s", exc)
+
+    def _encoded(self, snapshot: InstanceSnapshot) -> bytes:
+        """The snapshot's bytes, encoded again only when it changed: an idle beat's snapshot
+        holds the very entries of the previous one (``Owner.snapshot``), and comparing them by
+        identity costs far less than encoding thousands of them twice a second."""
+        last = self._last_encoded
+        if last is not None and _same_entries(last[0], snapshot):
+            return last[1]
+        encoded = registry.encode_snapshot(snapshot)
+        self._last_encoded = (snapshot, encoded)
+        return encoded
 
     async def _publish_snapshot(self, encoded: bytes) -> None:
         """Write our full snapshot under its own key when it changed (or its TTL needs it): a
@@ -333,3 +346,14 @@ def _same_snapshots(a: dict[str, InstanceSnapshot], b: dict[str, InstanceSnapsho
     per digest and then handed out as the same object, so identity is equality here, and
     O(peers))."""
     return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+
+
+def _same_entries(a: InstanceSnapshot, b: InstanceSnapshot) -> bool:
+    """Whether two of our snapshots say the same: same header, the very same entry objects."""
+    return (
+        a.in_flight == b.in_flight
+        and a.instance_id == b.instance_id
+        and a.incarnation == b.incarnation
+        and len(a.nodes) == len(b.nodes)
+        and all(x is y for x, y in zip(a.nodes, b.nodes, strict=True))
+    )

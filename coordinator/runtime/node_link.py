@@ -9,6 +9,10 @@ import trio
 
 from protocol import encode
 
+#: the heartbeat interval is cut into this many ticks, each sending to one share of the links
+#: (runtime/node_socket.py, send_node_heartbeats)
+HEARTBEAT_TICKS = 10
+
 
 class NodeLink:
     """Envelopes queued for one node connection, and a request to close it.
@@ -16,9 +20,12 @@ class NodeLink:
     Anyone may queue (``send_nowait`` never blocks); the connection's sender task drains the
     queue into the socket. ``request_close`` asks the socket handler to close with a code."""
 
-    def __init__(self) -> None:
-        #: which tick of the heartbeat interval sends to this link (set when it is attached;
-        #: runtime/node_socket.py, send_node_heartbeats)
+    def __init__(self, heartbeat_s: float = 2.0) -> None:
+        #: the heartbeat interval this connection is told, and ours to it: every ``every``
+        #: ticks of the instance's heartbeat timer, on the tick whose remainder is ``share``
+        #: (set when it is attached: ``Instance.attach_node``)
+        self.heartbeat_s = heartbeat_s
+        self.every = HEARTBEAT_TICKS
         self.share = 0
         self._send, self.outbox = trio.open_memory_channel[bytes](math.inf)
         self.closed = trio.Event()

@@ -194,3 +194,33 @@ def test_a_snapshot_reuses_the_entries_of_connections_whose_load_did_not_move() 
     )  # fmt: skip
     machine.node_disconnected("c1", "test", 0.0)
     assert [n.conn_id for n in machine.snapshot().nodes] == ["c2"]
+
+
+async def test_an_idle_beat_does_not_encode_the_snapshot_again(monkeypatch: object) -> None:
+    coordination = MemoryCoordination(lambda: 100.0)
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    for i in range(20):
+        machine.node_connected(connection(f"c{i}", "m"), 0.0)
+    settings = Settings(instance_id="A", multi_instance=True, redis_url="memory://")
+    member = Membership(
+        coordination, MemoryBus(), settings, snapshot=machine.snapshot, clock=lambda: 0.0
+    )
+    encoded: list[int] = []
+    real_encode = registry.encode_snapshot
+
+    def counting_encode(snap: InstanceSnapshot) -> bytes:
+        encoded.append(len(snap.nodes))
+        return real_encode(snap)
+
+    monkeypatch.setattr(registry, "encode_snapshot", counting_encode)  # type: ignore[attr-defined]
+    await member._beat(first=True)
+    for _ in range(5):
+        await member._beat()
+    assert encoded == [20]  # once, not once a beat
+    machine.owner.nodes.by_conn("c3").tasks.add("t1")  # type: ignore[union-attr]
+    await member._beat()
+    machine.node_disconnected("c4", "test", 0.0)
+    await member._beat()
+    assert encoded == [20, 20, 19]  # a load change and a node gone are encoded at once
+    stored = await coordination.get(registry.snapshot_key("A"))
+    assert stored is not None and registry.decode_snapshot(stored) == machine.snapshot()
