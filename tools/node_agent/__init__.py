@@ -7,6 +7,8 @@ tasks it is assigned against a model backend (echo, Ollama, OpenAI-compatible).
 * ``agent`` - :class:`NodeAgent`: the connection, reconnect, heartbeat and drain logic.
 * ``backends`` - the model backends behind ``generate(model, prompt, stream)``.
 * ``settings`` - flag parsing and validation (:class:`NodeSettings`).
+* ``silence`` - the coordinator's silence, judged on the time this process ran (a stall of the
+  node's own machine is not a dead coordinator).
 * ``stats`` - what the node saw, counted at the node (``GEMMANET_NODE_STATS_FILE``).
 """
 

@@ -57,6 +57,7 @@ from protocol import (
 )
 from protocol.telemetry import TelemetrySample, encode_sample
 from tools.node_agent.backends import Backend, BackendError
+from tools.node_agent.silence import receive_unless_silent
 from tools.node_agent.stats import NodeStats
 
 __all__ = [
@@ -376,11 +377,13 @@ class NodeAgent:
         silence_s = MISSED_HEARTBEATS * interval
         while True:
             try:
-                with trio.fail_after(silence_s):
-                    raw = await ws.get_message()
+                # judged on the time this process ran: a stall of ours is not their silence
+                raw = await receive_unless_silent(
+                    ws.get_message, interval_s=interval, misses=MISSED_HEARTBEATS
+                )
             except ConnectionClosed:
                 return
-            except trio.TooSlowError:
+            if raw is None:
                 log.warning("nothing from the coordinator for %.1f s; reconnecting", silence_s)
                 # Only the sender writes to the socket: a close written from here raced a
                 # heartbeat being sent, and the sender, seeing the connection closing, cut the
