@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import trio
+import trio.lowlevel
 import trio.testing
 
 from tools.node_agent.silence import receive_unless_silent
@@ -45,10 +46,12 @@ async def test_a_stall_of_our_own_process_is_not_the_coordinators_silence(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait)
-        await trio.sleep(0)  # it waits
+        await trio.lowlevel.checkpoint()  # it waits
         mock_clock.jump(10.0)  # ten seconds pass while nothing here runs (a frozen process)
-        await trio.sleep(0)
-        await trio.sleep(0)  # it wakes up far too late: that was a stall, not a silence
+        await trio.lowlevel.checkpoint()
+        await (
+            trio.lowlevel.checkpoint()
+        )  # it wakes up far too late: that was a stall, not a silence
         assert got == []
         send.send_nowait("heartbeat")  # what waited in the socket is read
     assert got == ["heartbeat"]
