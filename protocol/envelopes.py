@@ -80,6 +80,10 @@ class Heartbeat(_Envelope, tag="heartbeat", frozen=True, kw_only=True):
     #: left unparsed here so that a bad sample is dropped by the coordinator
     #: (``parse_sample``) without failing the heartbeat. Absent unless set (old peers ignore it).
     telemetry: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    #: coordinator -> node, optional: heartbeat every ``interval_s`` from now on, and expect
+    #: ours as often (an instance holding many nodes stretches the interval of the welcome:
+    #: GEMMANET_HEARTBEAT_RATE). Absent unless set (old peers ignore it).
+    interval_s: HeartbeatIntervalS | msgspec.UnsetType = msgspec.UNSET
 
 
 class Assign(_Envelope, tag="assign", frozen=True, kw_only=True):

@@ -8,6 +8,7 @@ membership.py            presence in the shared registry and the liveness judge'
 ownership.py             which instance speaks for each node identity (owner records)
 bus_reader.py            reading this instance's inbox
 bus_outbox.py            envelopes waiting to go out on the instance bus, in ordered lanes
+node_heartbeats.py       our heartbeats to the nodes; each node's interval (GEMMANET_HEARTBEAT_RATE)
 node_link.py             the outbox and close request of one node connection
 node_socket.py           serving one node WebSocket (hello, auth, heartbeats, envelopes)
 task_handle.py           what a request handler holds while its task runs

@@ -17,7 +17,7 @@ The task tree of one instance::
     ├── Admissions.renew                 capacity leases of running tasks
     ├── NodeFactsWriter.run              our nodes' facts (what leases are checked against)
     ├── Ownership.run                    new connections' identity claims, batched
-    ├── send_node_heartbeats             our heartbeat to every node, one timer for all
+    ├── NodeHeartbeats.run               our heartbeat to every node, one timer for all
     ├── NodeTelemetry.run                our nodes' heartbeat telemetry, paced, into the store
     ├── HostFactsReader.run              direct hosts' monitor facts -> placement; lease facts
     ├── HostCalls.run                    one task per call to a direct host (hosts/host_calls)
@@ -78,13 +78,9 @@ from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.membership import Membership
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.node_facts import NodeFactsWriter
-from coordinator.runtime.node_link import HEARTBEAT_TICKS, NodeLink
-from coordinator.runtime.node_socket import (
-    NodeSocket,
-    heartbeat_interval,
-    send_node_heartbeats,
-    serve_node_in,
-)
+from coordinator.runtime.node_heartbeats import NodeHeartbeats
+from coordinator.runtime.node_link import NodeLink
+from coordinator.runtime.node_socket import NodeSocket, serve_node_in
 from coordinator.runtime.node_telemetry import NodeTelemetry
 from coordinator.runtime.ownership import Ownership
 from coordinator.runtime.rate_limit import check_rate_limit
@@ -169,7 +165,7 @@ class Instance:
             lambda answer: self.apply(self.machine.host_answer(answer, self.clock())),
         )
         self._links: dict[str, NodeLink] = {}
-        self._links_made = 0
+        self.heartbeats = NodeHeartbeats(settings)
         self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
         self.bus_losses = 0
@@ -204,9 +200,7 @@ class Instance:
             nursery.start_soon(self.admissions.renew)
             nursery.start_soon(self.node_facts.run)
             nursery.start_soon(self.ownership.run)
-            nursery.start_soon(
-                send_node_heartbeats, self._links.values, self.settings.heartbeat_interval_s
-            )
+            nursery.start_soon(self.heartbeats.run, self._links.values)
             nursery.start_soon(self.telemetry.run)
             await nursery.start(self.host_calls.run)
             await nursery.start(self.host_facts.run)
@@ -357,12 +351,6 @@ class Instance:
         max_parallel, vram_gb = self.settings.capacity.budgets(
             hello.node_id, hello.max_parallel, hello.vram_gb
         )
-        # Past GEMMANET_HEARTBEAT_RATE heartbeats a second, new nodes are told a longer
-        # interval (and judged silent after as many of theirs).
-        settings = self.settings
-        heartbeat_s = heartbeat_interval(
-            settings.heartbeat_interval_s, settings.heartbeat_rate, len(self._links) + 1
-        )
         conn = NodeConnection(
             conn_id=self.new_id("c-"),
             node_id=hello.node_id,
@@ -372,16 +360,11 @@ class Instance:
             agent_version=hello.agent_version,
             connected_at=self._wall_clock(),
             last_seen=now,
-            silent_after_s=heartbeat_s * settings.heartbeat_misses,
         )
         # Leases are checked against these facts: they exist before anybody can place here.
         await self.node_facts.write_now(conn)
-        # Spread over the ticks of its interval in connection order (deterministic in the
-        # simulator, unlike a hash of the connection id).
-        self._links_made += 1
-        link.heartbeat_s = heartbeat_s
-        link.every = round(heartbeat_s / settings.heartbeat_interval_s * HEARTBEAT_TICKS)
-        link.share = self._links_made % link.every
+        # Its heartbeat interval (longer past GEMMANET_HEARTBEAT_RATE heartbeats a second).
+        self.heartbeats.attach(link, conn, self._links, self.machine.owner.nodes)
         self._links[conn.conn_id] = link
         self.apply(self.machine.node_connected(conn, self.clock()))
         try:

@@ -9,8 +9,8 @@ import trio
 
 from protocol import encode
 
-#: the heartbeat interval is cut into this many ticks, each sending to one share of the links
-#: (runtime/node_socket.py, send_node_heartbeats)
+#: the base heartbeat interval is cut into this many ticks, each sending to one share of the
+#: links (runtime/node_heartbeats.py)
 HEARTBEAT_TICKS = 10
 
 
@@ -23,10 +23,13 @@ class NodeLink:
     def __init__(self, heartbeat_s: float = 2.0) -> None:
         #: the heartbeat interval this connection is told, and ours to it: every ``every``
         #: ticks of the instance's heartbeat timer, on the tick whose remainder is ``share``
-        #: (set when it is attached: ``Instance.attach_node``)
+        #: (``seq``: the connection's order); set when it is attached (node_heartbeats.py)
         self.heartbeat_s = heartbeat_s
         self.every = HEARTBEAT_TICKS
         self.share = 0
+        self.seq = 0
+        #: a longer interval to tell the node in our next heartbeat (None: nothing to tell)
+        self.pending_s: float | None = None
         self._send, self.outbox = trio.open_memory_channel[bytes](math.inf)
         self.closed = trio.Event()
         self.close_code = 1000

@@ -7,8 +7,6 @@ websocket object in production and an in-memory pair in tests and the simulator.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import trio
@@ -17,17 +15,15 @@ from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.node_table import NodeConnection
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
-from coordinator.runtime.node_link import HEARTBEAT_TICKS, NodeLink
-from coordinator.settings import MAX_HEARTBEAT_S, Settings
+from coordinator.runtime.node_link import NodeLink
+from coordinator.settings import Settings
 from coordinator.store import Store
 from protocol import (
     CloseCode,
-    Heartbeat,
     Hello,
     NodeSession,
     ProtocolError,
     Welcome,
-    encode,
 )
 
 log = logging.getLogger("gemmanet.node_socket")
@@ -162,37 +158,6 @@ async def _serve_authenticated(
 async def _pump_outbox(socket: NodeSocket, link: NodeLink) -> None:
     async for data in link.outbox:
         await socket.send(data.decode())
-
-
-def heartbeat_interval(base_s: float, rate: float, nodes: int) -> float:
-    """The heartbeat interval to tell a new connection when this instance holds ``nodes``
-    (that one included): ``base_s`` (GEMMANET_HEARTBEAT_S) while the nodes' heartbeats stay
-    within ``rate`` per second (GEMMANET_HEARTBEAT_RATE; 0: no limit), else long enough that
-    they do, in whole ticks, at most a minute. Idle CPU then stops growing with the node count
-    (each heartbeat costs ~150 us each way); a node that goes silent without closing its
-    socket is noticed later in proportion (three intervals)."""
-    if rate <= 0 or nodes <= base_s * rate:
-        return base_s
-    tick = base_s / HEARTBEAT_TICKS
-    return min(max(base_s, math.ceil(nodes / rate / tick) * tick), MAX_HEARTBEAT_S)
-
-
-async def send_node_heartbeats(links: Callable[[], Iterable[NodeLink]], interval_s: float) -> None:
-    """Our heartbeat to every node connection, every ``interval_s`` or the longer interval
-    the link was told (a task of the instance). One timer and one encoding for all of them: a
-    timer per connection was a tenth of the idle CPU with thousands of nodes (every expiry is a
-    cancel-scope wake-up). Each tick of ``interval_s / HEARTBEAT_TICKS`` sends to the links of
-    its share (``NodeLink.every``, ``NodeLink.share``), so that thousands of sends are spread
-    over the interval rather than one burst that requests queue behind, and every link still
-    hears from us exactly once in its interval."""
-    heartbeat = encode(Heartbeat())
-    tick = 0
-    while True:
-        await trio.sleep(interval_s / HEARTBEAT_TICKS)
-        tick += 1
-        for link in list(links()):
-            if tick % link.every == link.share:
-                link.send_encoded_nowait(heartbeat)
 
 
 async def _receive_envelopes(

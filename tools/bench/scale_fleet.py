@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 import trio_websocket
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
@@ -48,6 +49,7 @@ class LightNode:
     def __init__(self, node_id: str, token: str) -> None:
         self.node_id = node_id
         self.token = token
+        self.interval_s = 2.0  # the welcome's, or what the coordinator asked for since
 
     async def run(
         self,
@@ -65,14 +67,15 @@ class LightNode:
                 raise TypeError(f"{self.node_id}: expected welcome, got {welcome!r}")
             task_status.started()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._beat, ws, welcome.heartbeat_interval_s)
+                self.interval_s = welcome.heartbeat_interval_s
+                nursery.start_soon(self._beat, ws)
                 await self._answer(ws)
                 nursery.cancel_scope.cancel()
 
-    async def _beat(self, ws: WebSocketConnection, interval_s: float) -> None:
+    async def _beat(self, ws: WebSocketConnection) -> None:
         beat = encode(Heartbeat()).decode()
         while True:
-            await trio.sleep(interval_s)
+            await trio.sleep(self.interval_s)
             await ws.send_message(beat)
 
     async def _answer(self, ws: WebSocketConnection) -> None:
@@ -82,6 +85,8 @@ class LightNode:
                 if isinstance(envelope, Assign):
                     result = Result(task_id=envelope.task_id, output=envelope.prompt, chunks=0)
                     await ws.send_message(encode(result).decode())
+                elif isinstance(envelope, Heartbeat) and envelope.interval_s is not msgspec.UNSET:
+                    self.interval_s = envelope.interval_s
         except ConnectionClosed:
             return
 

@@ -170,6 +170,9 @@ class NodeAgent:
         self._grace_scope: trio.CancelScope | None = None
         self._attempt_scope: trio.CancelScope | None = None
         self._live = False
+        # The heartbeat interval of the current connection (its welcome's, or what the
+        # coordinator asked for since)
+        self._interval = 2.0
         # Observable counters (logs, tests).
         self.attempts = 0
         self.welcomes = 0
@@ -317,6 +320,9 @@ class NodeAgent:
 
     async def _serve_welcomed(self, ws: WebSocketConnection, welcome: Welcome) -> None:
         interval = max(float(welcome.heartbeat_interval_s), 0.01)
+        # Both ways: ours to the coordinator and the silence we allow it; it may tell us a
+        # longer one later, in a heartbeat (``interval_s``).
+        self._interval = interval
         log.info(
             "connected to %s as node %s (instance %s, conn %s, heartbeat %.1f s)",
             self.config.ws_url,
@@ -331,9 +337,9 @@ class NodeAgent:
         async with trio.open_nursery() as nursery:
             self._live = True
             nursery.start_soon(self._sender, ws, outbox_recv, nursery.cancel_scope)
-            nursery.start_soon(self._heartbeats, outbox_send, interval)
+            nursery.start_soon(self._heartbeats, outbox_send)
             nursery.start_soon(self._drain_watch, outbox_send)
-            await self._receive_loop(ws, outbox_send, nursery, interval)
+            await self._receive_loop(ws, outbox_send, nursery)
             nursery.cancel_scope.cancel()
         self._live = False
 
@@ -355,8 +361,9 @@ class NodeAgent:
             pass
         connection_scope.cancel()
 
-    async def _heartbeats(self, outbox: trio.MemorySendChannel[_Outbound], interval: float) -> None:
+    async def _heartbeats(self, outbox: trio.MemorySendChannel[_Outbound]) -> None:
         while True:
+            interval = self._interval
             await trio.sleep(interval)
             resident = None
             with trio.move_on_after(interval / 2):
@@ -372,14 +379,13 @@ class NodeAgent:
         ws: WebSocketConnection,
         outbox: trio.MemorySendChannel[_Outbound],
         nursery: trio.Nursery,
-        interval: float,
     ) -> None:
-        silence_s = MISSED_HEARTBEATS * interval
         while True:
+            silence_s = MISSED_HEARTBEATS * self._interval
             try:
                 # judged on the time this process ran: a stall of ours is not their silence
                 raw = await receive_unless_silent(
-                    ws.get_message, interval_s=interval, misses=MISSED_HEARTBEATS
+                    ws.get_message, interval_s=self._interval, misses=MISSED_HEARTBEATS
                 )
             except ConnectionClosed:
                 return
@@ -412,7 +418,12 @@ class NodeAgent:
                     )
                     scope.cancel()
             elif isinstance(envelope, Heartbeat):
-                pass
+                if (
+                    envelope.interval_s is not msgspec.UNSET
+                    and envelope.interval_s != self._interval
+                ):
+                    self._interval = max(float(envelope.interval_s), 0.01)
+                    log.info("coordinator asks for a heartbeat every %.1f s", self._interval)
             elif isinstance(envelope, Error):
                 log.warning("coordinator reports %s: %s", envelope.code, _short(envelope.message))
             else:
