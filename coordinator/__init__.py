@@ -2,6 +2,7 @@
 
 app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
 server.py         ``gemmanet serve``: the app on Hypercorn's trio worker, start-up refusals
+gc_tuning.py      the garbage collector tuned for thousands of connections (pauses, metric)
 hypercorn_patches.py  workarounds for Hypercorn: Connection: close, JSON 400/431, reason phrases
 cli.py            the ``gemmanet`` command line
 settings.py       GEMMANET_* environment settings

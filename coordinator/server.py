@@ -14,6 +14,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
+from coordinator import gc_tuning
 from coordinator.app import create_app, run_instance
 from coordinator.core.liveness import FAILOVER_PROMISE_S
 from coordinator.errors import SettingsError, StartupRefused, StoreError
@@ -74,6 +75,7 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
     check_monitor_bound(settings)
     check_port_free(host, port)
+    gc_tuning.tune()  # thousands of connections: see coordinator/gc_tuning.py
     app = create_app(settings)
     config = hypercorn_config(host, port)
 
@@ -91,9 +93,11 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
 
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            app.config["GEMMANET_INSTANCE"] = await nursery.start(
-                partial(run_instance, settings, stop=stop)
-            )
+            instance = await nursery.start(partial(run_instance, settings, stop=stop))
+            app.config["GEMMANET_INSTANCE"] = instance
+            # What start-up built is frozen out of the collector's scans from now on.
+            gc_tuning.pauses.append(instance.metrics.gc_pause)
+            gc_tuning.freeze_startup()
             nursery.start_soon(watch_signals)
             try:
                 await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)

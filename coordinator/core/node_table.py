@@ -41,6 +41,9 @@ class NodeTable:
         self._by_node: dict[str, NodeConnection] = {}
         # model -> the connections serving it (placement draws samples from these)
         self._serving: dict[str, Pool[NodeConnection]] = {}
+        # ``connections()``, kept until a connection comes or goes (every beat reads it: the
+        # snapshot, the ownership check; sorting thousands of them each time showed up idle)
+        self._sorted: list[NodeConnection] | None = None
 
     def __len__(self) -> int:
         return len(self._by_node)
@@ -48,6 +51,7 @@ class NodeTable:
     def register(self, conn: NodeConnection) -> NodeConnection | None:
         """Make ``conn`` the connection of its node; returns the connection it replaces."""
         previous = self._by_node.get(conn.node_id)
+        self._sorted = None
         if previous is not None:
             del self._by_conn[previous.conn_id]
             self._unlist(previous)
@@ -63,6 +67,7 @@ class NodeTable:
         if conn is not None and self._by_node.get(conn.node_id) is conn:
             del self._by_node[conn.node_id]
             self._unlist(conn)
+            self._sorted = None
         return conn
 
     def _unlist(self, conn: NodeConnection) -> None:
@@ -102,7 +107,10 @@ class NodeTable:
         return self._by_node.values()
 
     def connections(self) -> list[NodeConnection]:
-        return sorted(self._by_node.values(), key=lambda c: c.node_id)
+        """The connections by node id (a new list: the caller may keep or change it)."""
+        if self._sorted is None:
+            self._sorted = sorted(self._by_node.values(), key=lambda c: c.node_id)
+        return list(self._sorted)
 
     def views(self, instance_id: str, ratings: dict[str, tuple[float, int]]) -> list[NodeView]:
         return [view_of(c, instance_id, ratings) for c in self.connections()]

@@ -46,6 +46,9 @@ gemmanet_bus_envelopes_dropped_total        counter    reason: outbox_full, gave
 gemmanet_redis_op_duration_seconds          histogram  op (command or script name)
 gemmanet_redis_errors_total                 counter    op; operations that failed or timed out
 gemmanet_peers_declared_dead_total          counter    peer instances this one judged dead
+gemmanet_gc_pause_seconds                   histogram  generation (0, 1, 2); the process's garbage
+                                                       collections: the event loop stops for each
+                                                       (coordinator/gc_tuning.py)
 ==========================================  =========  ===========================================
 
 Read at scrape time (``Instance.diagnostics``):
@@ -207,6 +210,13 @@ class Metrics:
         self.peers_dead = Counter(
             "gemmanet_peers_declared_dead", "peer instances judged dead", registry=r
         )
+        self.gc_pauses = Histogram(
+            "gemmanet_gc_pause_seconds",
+            "garbage collection pauses of the process (the event loop stops)",
+            ["generation"],
+            buckets=REDIS_BUCKETS,
+            registry=r,
+        )
         r.register(_DiagnosticsCollector(diagnostics))
         # Peers counted dead and not seen alive since (a verdict repeats while a peer lingers).
         self._counted_dead: set[str] = set()
@@ -239,6 +249,9 @@ class Metrics:
         """Count each death once: again only after the peer was seen alive in between."""
         self.peers_dead.inc(len(dead - self._counted_dead))
         self._counted_dead = (self._counted_dead - (live - dead)) | dead
+
+    def gc_pause(self, generation: int, took_s: float) -> None:
+        self.gc_pauses.labels(str(generation)).observe(took_s)
 
     def redis_op(self, what: str, took_s: float, failed: bool) -> None:
         # On every Redis command: the labelled children are looked up once per op name.

@@ -4,8 +4,10 @@ against (``coordination/leases.py``).
 A node's facts are written before its connection is usable (``write_now``), again when its
 resident models change, and dropped when the connection ends. Changes are written in order per
 node by one task (the latest state of a node wins), retried while the store is unreachable,
-and every node's facts are rewritten every ``REFRESH_S`` so that a store that lost its data
-(a Redis restart without persistence) is whole again within that time.
+and every node's facts are rewritten every ``REFRESH_S``. A store that restarted empty is
+rewritten at once (a presence beat finds our entry gone: ``Membership.on_forgotten``); the
+periodic rewrite is the backstop for data lost otherwise (a failover to a replica that missed
+the last writes), so it can be rare: it costs a write of every node.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from coordinator.runtime.batched import Batched
 
 log = logging.getLogger("gemmanet.node_facts")
 
-REFRESH_S = 10.0
+REFRESH_S = 60.0
 REFRESH_BATCH = 500
 RETRY_S = 0.5
 
