@@ -7,7 +7,8 @@ grows with the node count (nodes / rate): new nodes are told it in their welcome
 connected in their next heartbeat (``Heartbeat.interval_s``), so that the whole instance stays
 near the rate however many nodes it holds. The interval only grows while a connection lives (a
 node that reconnects gets the current one); it is raised in steps of a quarter at least, so a
-connection storm changes it a few times, not once per node.
+connection storm changes it a few times, not once per node. When most nodes have left, new
+connections get the shorter interval their count calls for.
 
 Changing a node's interval is safe in both directions of the silence verdict:
 
@@ -79,6 +80,10 @@ class NodeHeartbeats:
                     known = nodes.by_conn(conn_id)
                     if known is not None:
                         known.silent_after_s = wanted * self.misses  # lenient at once
+        elif wanted * RAISE_STEP <= self.interval_s:
+            # Most nodes left: new ones get the shorter interval (those still connected keep
+            # theirs; together they stay within the rate).
+            self.interval_s = wanted
         # Spread over the ticks in connection order (deterministic in the simulator, unlike a
         # hash of the connection id).
         self._attached += 1
