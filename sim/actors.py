@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import trio
 
 from protocol import (
@@ -115,6 +116,8 @@ class SimNode:
     #: GPU memory budget sent in the hello (None: the node does not say)
     vram_gb: float | None = None
     slow_until: float = 0.0
+    #: the heartbeat interval of the current connection (its welcome's, or what it was told)
+    interval_s: float = 1.0
     tasks: dict[str, trio.CancelScope] = field(default_factory=dict)
     current: SocketPair | None = None
     instance: str | None = None
@@ -170,11 +173,14 @@ class SimNode:
         )
         welcome = decode_node(await pair.node_receive())
         assert isinstance(welcome, Welcome)
+        self.interval_s = welcome.heartbeat_interval_s
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._beat, pair, welcome.heartbeat_interval_s)
+            nursery.start_soon(self._beat, pair)
             while True:
                 envelope = decode_node(await pair.node_receive())
-                if isinstance(envelope, Assign):
+                if isinstance(envelope, Heartbeat) and envelope.interval_s is not msgspec.UNSET:
+                    self.interval_s = envelope.interval_s  # as the agent does
+                elif isinstance(envelope, Assign):
                     scope = trio.CancelScope()
                     self.tasks[envelope.task_id] = scope
                     # Counted here, at the node: what it is asked to run at once.
@@ -194,9 +200,9 @@ class SimNode:
                     if cancelled is not None:
                         cancelled.cancel()
 
-    async def _beat(self, pair: SocketPair, interval: float) -> None:
+    async def _beat(self, pair: SocketPair) -> None:
         while True:
-            await trio.sleep(interval)
+            await trio.sleep(self.interval_s)
             await pair.node_send(encode(Heartbeat(in_flight=len(self.tasks))).decode())
 
     async def _work(self, pair: SocketPair, assign: Assign, scope: trio.CancelScope) -> None:

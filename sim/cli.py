@@ -83,6 +83,14 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
         help=f"virtual seconds of client traffic (default {defaults.traffic_s:g})",
     )
     parser.add_argument(
+        "--heartbeat-rate",
+        type=float,
+        default=defaults.heartbeat_rate,
+        metavar="R",
+        help="GEMMANET_HEARTBEAT_RATE of the instances: a low one makes them stretch and "
+        f"re-announce the nodes' heartbeat interval (default {defaults.heartbeat_rate:g})",
+    )
+    parser.add_argument(
         "--monitors",
         type=int,
         default=defaults.monitors,
@@ -123,6 +131,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         mutation=args.mutation,
         bus=args.bus,
         monitors=args.monitors,
+        heartbeat_rate=args.heartbeat_rate,
     )
 
 
@@ -132,6 +141,8 @@ def _trace_path(trace_dir: Path, seed: int, config: SimConfig) -> Path:
         suffix += f"-{config.bus}"
     if config.monitors:
         suffix += f"-monitors{config.monitors}"
+    if config.heartbeat_rate != SimConfig().heartbeat_rate:
+        suffix += f"-rate{config.heartbeat_rate:g}"
     return trace_dir / f"seed-{seed}{suffix}.jsonl"
 
 

@@ -51,6 +51,9 @@ class SimConfig:
     stream_fraction: float = 0.3
     task_timeout_s: float = 10.0
     heartbeat_s: float = 1.0
+    #: GEMMANET_HEARTBEAT_RATE of the instances (a low one makes them stretch the nodes'
+    #: heartbeat interval and tell connected nodes, as past hundreds of nodes in production)
+    heartbeat_rate: float = 200.0
     rate_limit: tuple[int, float] = (8, 4.0)
     forgers: int = 1
     mutation: str | None = None
@@ -233,6 +236,7 @@ class World:
             rate_limit=cfg.rate_limit,
             task_timeout_s=cfg.task_timeout_s,
             heartbeat_interval_s=cfg.heartbeat_s,
+            heartbeat_rate=cfg.heartbeat_rate,
             capacity=SIM_CATALOG,
             queue_timeout_s=cfg.queue_timeout_s,
         )

@@ -99,6 +99,18 @@ def test_a_sweep_of_200_seeds_is_green(tmp_path, bus: str) -> None:
     assert f"swept 200 seeds (1-200, bus {bus})" in done.stdout and " 0 failing" in done.stdout
 
 
+def test_a_sweep_with_stretched_heartbeats_is_green(tmp_path) -> None:
+    """With GEMMANET_HEARTBEAT_RATE at 1 a second, every instance stretches its nodes' heartbeat
+    interval (1 s, then 2, 3, 4 s) and tells the connected ones in a heartbeat, under the same
+    faults (freezes, partitions, store outages, kills) as every sweep."""
+    done = sim(
+        "sweep", "--seeds", "1-100", "--jobs", "2", "--heartbeat-rate", "1",
+        "--trace-dir", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "swept 100 seeds (1-100, bus pubsub)" in done.stdout and " 0 failing" in done.stdout
+
+
 def test_same_seed_same_digest_on_the_streams_bus_and_not_the_pubsub_one() -> None:
     def streams(hash_seed: str) -> dict[str, object]:
         done = sim("run", "--seed", "7", "--json", "--bus", "streams", hash_seed=hash_seed)
