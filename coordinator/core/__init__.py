@@ -5,6 +5,7 @@
     owner.py             this instance's node connections and the tasks they run
     effects.py           what the machines ask the shell to do
     placement.py         which node gets a task
+    candidates.py        where a request's candidate nodes come from (all, or a sample of many)
     node_table.py        which connection speaks for which node identity on this instance
     tracker.py           which tasks are pending, who may answer them, which must fail and why
     forwarding.py        the owner's table of tasks it runs for other instances

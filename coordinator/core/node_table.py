@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from coordinator.core.placement import NodeView, Pool
@@ -101,10 +100,6 @@ class NodeTable:
             for c in self._by_conn.values()
             if now - c.last_seen > deadline_s and now - c.last_seen > c.silent_after_s
         ]
-
-    def connections_unsorted(self) -> Iterable[NodeConnection]:
-        """The connections in no particular order (a scan that needs no order, no sort)."""
-        return self._by_node.values()
 
     def connections(self) -> list[NodeConnection]:
         """The connections by node id (a new list: the caller may keep or change it)."""

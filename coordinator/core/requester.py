@@ -24,6 +24,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from coordinator.core.candidates import Candidates
 from coordinator.core.effects import (
     ChunkEvent,
     Deliver,
@@ -36,12 +37,7 @@ from coordinator.core.effects import (
     ReleaseLease,
     Reserve,
 )
-from coordinator.core.placement import (
-    SAMPLE_SIZE,
-    NodeView,
-    needs_full_scan,
-    rank_candidates,
-)
+from coordinator.core.placement import NodeView
 from coordinator.core.tracker import MAX_STREAMED_CHARS, PendingTask, TaskTracker, Verdict
 from coordinator.errors import (
     AllNodesBusy,
@@ -71,7 +67,6 @@ from protocol import (
 # in a very large network whose nodes all turn the task down).
 MAX_PLACEMENTS = 32
 # Candidates offered per lease attempt: the lease script tries them in order in one call.
-MAX_CANDIDATES = 8
 CANCEL_GIVE_UP_S = 5.0
 
 
@@ -149,16 +144,9 @@ class Requester:
         # API keys have an active-request limit: every request holds an entry in the store.
         self._tracks_keys = tracks_keys
         self.tracker = TaskTracker()
-        self._views = views
-        # Whether any node serves a model, without building every view (one check per request;
-        # without it, the views are scanned).
-        self._serves = serves
-        # A random sample of the nodes serving a model, when many do (None: rank them all):
-        # placement among thousands of nodes without looking at each (``placement.py``).
-        self._sample = sample
-        # Direct model hosts: candidates only while their facts are fresh, so at a given time.
-        self._host_views = host_views
-        self._rng = rng
+        self._candidates = Candidates(
+            views, rng=rng, host_views=host_views, serves=serves, sample=sample
+        )
         self._requests: dict[str, Request] = {}
         # Where tasks were placed whose answer overtook their own dispatch (it can: the answer
         # comes in on the subscription while the PUBLISH reply is still on its way); their
@@ -176,7 +164,7 @@ class Requester:
         """Take a new task: ask for a lease on a node serving its model. Raises NoNodeForModel
         when no online node (nor, given ``now``, direct host) serves it (refused at once,
         never queued)."""
-        if not self._any_serves(assign.model, now):
+        if not self._candidates.any_serves(assign.model, now):
             raise no_node_serves(assign.model)
         request = Request(assign, deadline, key_id=key_id, attempt=1)
         self._requests[assign.task_id] = request
@@ -191,10 +179,13 @@ class Requester:
         request = self._requests.get(task_id)
         if request is None or request.attempt != attempt or request.lease is not None:
             return None
-        serving = self._sampled(request, now)
-        if serving is None or needs_full_scan(serving, request.full):
-            serving = self._serving(request, now)
-        return rank_candidates(serving, rng=self._rng, last=request.full, limit=MAX_CANDIDATES)
+        return self._candidates.ranked(
+            request.assign.model,
+            gone_conns=request.gone_conns,
+            gone_instances=request.gone_instances,
+            full=request.full,
+            now=now,
+        )
 
     def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:
         """A lease on ``view``'s node was granted: send the task there."""
@@ -280,47 +271,14 @@ class Requester:
             return effects + self._fail(task_id, error)
         return [*effects, Reserve(task_id, request.attempt)]
 
-    def _any_serves(self, model: str, now: float | None) -> bool:
-        if self._serves is None:
-            return any(model in v.models for v in self._all_views(now))
-        if self._serves(model):
-            return True
-        hosts = self._host_views(now) if now is not None and self._host_views is not None else []
-        return any(model in v.models for v in hosts)
-
-    def _all_views(self, now: float | None) -> list[NodeView]:
-        views = self._views()
-        if now is not None and self._host_views is not None:
-            views = views + self._host_views(now)
-        return views
-
-    def _sampled(self, request: Request, now: float | None) -> list[NodeView] | None:
-        """A random sample of the nodes serving the request's model, not known gone for it,
-        plus the direct hosts serving it; None when few enough serve it to rank them all."""
-        if self._sample is None:
-            return None
-        model = request.assign.model
-        sample = self._sample(model, SAMPLE_SIZE, self._rng)
-        if sample is None:
-            return None
-        if now is not None and self._host_views is not None:
-            sample += [v for v in self._host_views(now) if model in v.models]
-        return [
-            v
-            for v in sample
-            if v.conn_id not in request.gone_conns and v.instance_id not in request.gone_instances
-        ]
-
-    def _serving(self, request: Request, now: float | None = None) -> list[NodeView]:
+    def _serving(self, request: Request, now: float | None) -> list[NodeView]:
         """The nodes that serve the request's model and are not known gone for it."""
-        model = request.assign.model
-        return [
-            v
-            for v in self._all_views(now)
-            if model in v.models
-            and v.conn_id not in request.gone_conns
-            and v.instance_id not in request.gone_instances
-        ]
+        return self._candidates.serving(
+            request.assign.model,
+            gone_conns=request.gone_conns,
+            gone_instances=request.gone_instances,
+            now=now,
+        )
 
     def _give_back_lease(self, request: Request) -> list[Effect]:
         """The request goes on elsewhere: its lease only is released."""

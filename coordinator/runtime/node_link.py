@@ -20,11 +20,11 @@ class NodeLink:
     Anyone may queue (``send_nowait`` never blocks); the connection's sender task drains the
     queue into the socket. ``request_close`` asks the socket handler to close with a code."""
 
-    def __init__(self, heartbeat_s: float = 2.0) -> None:
+    def __init__(self) -> None:
         #: the heartbeat interval this connection is told, and ours to it: every ``every``
         #: ticks of the instance's heartbeat timer, on the tick whose remainder is ``share``
         #: (``seq``: the connection's order); set when it is attached (node_heartbeats.py)
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s = 0.0
         self.every = HEARTBEAT_TICKS
         self.share = 0
         self.seq = 0
