@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from coordinator.core.placement import NodeView, Pool
+
+#: ``silent`` looks this much before the earliest verdict it expects
+SCAN_EARLY_S = 1e-6
 
 
 @dataclass(eq=False)
@@ -20,6 +24,7 @@ class NodeConnection:
     agent_version: str
     connected_at: float
     last_seen: float
+    #: the tasks running on it (changed through ``NodeTable``: the snapshot watches it)
     tasks: set[str] = field(default_factory=set)
     #: models the node reported loaded in its last heartbeat
     resident: frozenset[str] = frozenset()
@@ -43,6 +48,15 @@ class NodeTable:
         # ``connections()``, kept until a connection comes or goes (every beat reads it: the
         # snapshot, the ownership check; sorting thousands of them each time showed up idle)
         self._sorted: list[NodeConnection] | None = None
+        #: bumped when a connection comes or goes or its tasks change: what an instance
+        #: snapshot holds is the same while it stands still (one check a beat, not one a node)
+        self.changes = 0
+        # ``silent`` looks at the connections only from this time on: no verdict can fall
+        # earlier (see there), so a sweep between verdicts costs nothing per node.
+        self._silent_scan_at = -math.inf
+        self._silent_deadline_s = math.nan
+        #: how many times ``silent`` looked at every connection (tests count scans)
+        self.silent_scans = 0
 
     def __len__(self) -> int:
         return len(self._by_node)
@@ -51,6 +65,8 @@ class NodeTable:
         """Make ``conn`` the connection of its node; returns the connection it replaces."""
         previous = self._by_node.get(conn.node_id)
         self._sorted = None
+        self.changes += 1
+        self._silent_scan_at = -math.inf  # its own deadline may come before the planned scan
         if previous is not None:
             del self._by_conn[previous.conn_id]
             self._unlist(previous)
@@ -67,7 +83,20 @@ class NodeTable:
             del self._by_node[conn.node_id]
             self._unlist(conn)
             self._sorted = None
+            self.changes += 1
         return conn
+
+    def add_task(self, conn: NodeConnection, task_id: str) -> None:
+        conn.tasks.add(task_id)
+        self.changes += 1
+
+    def end_task(self, conn: NodeConnection, task_id: str) -> None:
+        conn.tasks.discard(task_id)
+        self.changes += 1
+
+    def end_all_tasks(self, conn: NodeConnection) -> None:
+        conn.tasks.clear()
+        self.changes += 1
 
     def _unlist(self, conn: NodeConnection) -> None:
         for model in conn.models:
@@ -94,12 +123,27 @@ class NodeTable:
 
     def silent(self, now: float, deadline_s: float) -> list[NodeConnection]:
         """Connections that sent nothing for longer than ``deadline_s`` and than their own
-        ``silent_after_s`` (a connection told a longer heartbeat interval)."""
-        return [
-            c
-            for c in self._by_conn.values()
-            if now - c.last_seen > deadline_s and now - c.last_seen > c.silent_after_s
-        ]
+        ``silent_after_s`` (a connection told a longer heartbeat interval).
+
+        Called every sweep; looks at every connection only when the earliest verdict the last
+        look found possible is due. That time only moves later for a connection (``last_seen``
+        grows, ``silent_after_s`` is only ever lengthened), and a new connection, or another
+        ``deadline_s``, makes the next call look again."""
+        if deadline_s == self._silent_deadline_s and now < self._silent_scan_at:
+            return []
+        self.silent_scans += 1
+        silent = []
+        earliest = math.inf
+        for c in self._by_conn.values():
+            allowed = max(deadline_s, c.silent_after_s)
+            if now - c.last_seen > allowed:
+                silent.append(c)
+            elif c.last_seen + allowed < earliest:
+                earliest = c.last_seen + allowed
+        # a hair early, so float rounding in the verdict's subtraction cannot make it late
+        self._silent_scan_at = earliest - SCAN_EARLY_S
+        self._silent_deadline_s = deadline_s
+        return silent
 
     def connections(self) -> list[NodeConnection]:
         """The connections by node id (a new list: the caller may keep or change it)."""

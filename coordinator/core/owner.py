@@ -53,6 +53,8 @@ class Owner:
         self.forwarding = ForwardingTable()
         # conn id -> its entry in the last snapshot (``snapshot`` reuses the unchanged ones)
         self._entries: dict[str, NodeEntry] = {}
+        # (NodeTable.changes, snapshot) of the last ``snapshot``
+        self._last_snapshot: tuple[int, InstanceSnapshot] | None = None
         # Answers dropped before they reached any requester, by why.
         self.dropped: dict[Verdict, int] = {
             Verdict.WRONG_SOURCE: 0,
@@ -99,7 +101,7 @@ class Owner:
                 task_id=forward.task_id, node_id=conn.node_id, conn_id=conn.conn_id, reason=why
             )
             effects.append(Publish(forward.reply_to, gone, give_up_at=forward.expires_at))
-        conn.tasks.clear()
+        self.nodes.end_all_tasks(conn)
         return effects
 
     def node_envelope(self, conn_id: str, envelope: object, now: float) -> list[Effect]:
@@ -128,7 +130,7 @@ class Owner:
             out = BusChunk(task_id=task_id, conn_id=conn_id, seq=envelope.seq, delta=envelope.delta)
         else:
             self.forwarding.remove(task_id)
-            conn.tasks.discard(task_id)
+            self.nodes.end_task(conn, task_id)
             if isinstance(envelope, Result):
                 out = BusResult(
                     task_id=task_id,
@@ -171,7 +173,7 @@ class Owner:
                 expires_at=now + envelope.timeout_s + self.forward_grace_s,
             )
         )
-        conn.tasks.add(envelope.task_id)
+        self.nodes.add_task(conn, envelope.task_id)
         assign = Assign(
             task_id=envelope.task_id,
             model=envelope.model,
@@ -204,7 +206,7 @@ class Owner:
         conn = self.nodes.by_conn(forward.conn_id)
         if conn is None:
             return []
-        conn.tasks.discard(forward.task_id)
+        self.nodes.end_task(conn, forward.task_id)
         return [SendToNode(conn.conn_id, Cancel(task_id=forward.task_id, reason=reason))]
 
     # -- supervision ------------------------------------------------------------------------
@@ -254,9 +256,13 @@ class Owner:
         return self.forwarding.requesters() - {self.me}
 
     def snapshot(self, in_flight: int) -> InstanceSnapshot:
-        # Built every beat: a connection's entry is made again only when its load moved (the
-        # rest of it is fixed for the connection's life), so an idle beat allocates nothing
-        # per node.
+        # Asked for every beat. While no connection came, went or changed its load
+        # (``NodeTable.changes``) it is the very same object: an idle beat costs nothing per
+        # node. Otherwise a connection's entry is made again only when its load moved (the rest
+        # of it is fixed for the connection's life).
+        last = self._last_snapshot
+        if last is not None and last[0] == self.nodes.changes and last[1].in_flight == in_flight:
+            return last[1]
         entries: dict[str, NodeEntry] = {}
         for c in self.nodes.connections():
             entry = self._entries.get(c.conn_id)
@@ -273,9 +279,11 @@ class Owner:
                 )
             entries[c.conn_id] = entry
         self._entries = entries
-        return InstanceSnapshot(
+        snapshot = InstanceSnapshot(
             instance_id=self.me,
             incarnation=self.incarnation,
             in_flight=in_flight,
             nodes=list(entries.values()),
         )
+        self._last_snapshot = (self.nodes.changes, snapshot)
+        return snapshot

@@ -98,14 +98,14 @@ def snapshot_digest(encoded: bytes) -> str:
     return hashlib.blake2b(encoded, digest_size=8).hexdigest()
 
 
-def encode_presence(snapshot: InstanceSnapshot, encoded: bytes) -> bytes:
-    """The registry data for ``snapshot`` (``encoded``: its ``encode_snapshot``)."""
+def encode_presence(snapshot: InstanceSnapshot, digest: str) -> bytes:
+    """The registry data for ``snapshot`` (``digest``: ``snapshot_digest`` of its bytes)."""
     return _encoder.encode(
         PresenceData(
             instance_id=snapshot.instance_id,
             in_flight=snapshot.in_flight,
             incarnation=snapshot.incarnation,
-            digest=snapshot_digest(encoded),
+            digest=digest,
             node_count=len(snapshot.nodes),
         )
     )

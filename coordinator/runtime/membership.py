@@ -93,7 +93,8 @@ class Membership:
         # The digest of our snapshot as last written under its key, and when (our clock)
         self._written: tuple[str, float] | None = None
         # Our last snapshot and its bytes (``_encoded``)
-        self._last_encoded: tuple[InstanceSnapshot, bytes] | None = None
+        # our last snapshot, its bytes and their digest (``_encoded``)
+        self._last_encoded: tuple[InstanceSnapshot, bytes, str] | None = None
         # Peers forgotten (judged dead, or an assign reached nobody) -> their last beat then:
         # they stay out of ``peers`` until they beat again, so the next beat's read does not
         # bring a killed peer back into the placement view and the API's lists for its TTL.
@@ -154,13 +155,13 @@ class Membership:
 
     async def _beat(self, *, first: bool = False) -> None:
         snapshot = self._snapshot()
-        encoded = self._encoded(snapshot)
-        await self._publish_snapshot(encoded)
+        encoded, digest = self._encoded(snapshot)
+        await self._publish_snapshot(encoded, digest)
         sent = self._clock()
         view = await self.coordination.presence_beat(
             registry.PRESENCE,
             self.me,
-            registry.encode_presence(snapshot, encoded),
+            registry.encode_presence(snapshot, digest),
             stall_after_s=self.timing.stall_gap_s,
             forget_after_s=FORGET_AFTER_S,
         )
@@ -194,22 +195,23 @@ class Membership:
             # The beat itself went through: only the placement view stays a beat older.
             log.warning("could not fetch the peers' snapshots: %s", exc)
 
-    def _encoded(self, snapshot: InstanceSnapshot) -> bytes:
-        """The snapshot's bytes, encoded again only when it changed: an idle beat's snapshot
-        holds the very entries of the previous one (``Owner.snapshot``), and comparing them by
-        identity costs far less than encoding thousands of them twice a second."""
+    def _encoded(self, snapshot: InstanceSnapshot) -> tuple[bytes, str]:
+        """The snapshot's bytes and digest, made again only when it changed: an idle beat's
+        snapshot is the previous one itself, or holds its very entries (``Owner.snapshot``),
+        and comparing them by identity costs far less than encoding and hashing thousands of
+        them twice a second."""
         last = self._last_encoded
-        if last is not None and _same_entries(last[0], snapshot):
-            return last[1]
+        if last is not None and (last[0] is snapshot or _same_entries(last[0], snapshot)):
+            return last[1], last[2]
         encoded = registry.encode_snapshot(snapshot)
-        self._last_encoded = (snapshot, encoded)
-        return encoded
+        digest = registry.snapshot_digest(encoded)
+        self._last_encoded = (snapshot, encoded, digest)
+        return encoded, digest
 
-    async def _publish_snapshot(self, encoded: bytes) -> None:
+    async def _publish_snapshot(self, encoded: bytes, digest: str) -> None:
         """Write our full snapshot under its own key when it changed (or its TTL needs it): a
         beat carries only its digest. Best effort: the beat goes on without it (peers then keep
         fetching until the key and the digest agree)."""
-        digest = registry.snapshot_digest(encoded)
         now = self._clock()
         written = self._written
         if written and written[0] == digest and now - written[1] < registry.SNAPSHOT_REWRITE_S:

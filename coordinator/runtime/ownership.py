@@ -104,8 +104,10 @@ class Ownership:
         # read before choosing the connections: one claimed meanwhile is checked now, or the
         # counter has moved past our mark and the next beat reads again.
         changed = await self._coordination.get(registry.OWNERS_CHANGED)
+        if changed is not None and changed == self._checked_at:
+            return []  # before looking at any connection: an idle beat is O(1)
         conns = [c for c in conns if c.conn_id in self._claimed]
-        if not conns or (changed is not None and changed == self._checked_at):
+        if not conns:
             return []
         values = await self._coordination.get_many([registry.owner_key(c.node_id) for c in conns])
         self._checked_at = changed

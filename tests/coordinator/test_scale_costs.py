@@ -5,13 +5,16 @@
 * placement picks its first candidates without sorting every node, in the very order the full
   sort gives;
 * the per-request "does anything serve this model" check follows peers that come and go;
-* the periodic rewrite of node facts goes in batches, not one round trip per node.
+* the periodic rewrite of node facts goes in batches, not one round trip per node;
+* an idle beat and an idle sweep look at no node: the snapshot is the previous one itself, the
+  ownership check stops at the claims counter, the silence check waits for its first possible
+  verdict.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import trio
 from hypothesis import given, settings
@@ -28,6 +31,7 @@ from coordinator.core.placement import NodeView, rank_candidates
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.runtime import node_facts
 from coordinator.runtime.membership import Membership
+from coordinator.runtime.ownership import Ownership
 from coordinator.settings import Settings
 
 
@@ -181,7 +185,8 @@ def test_a_snapshot_reuses_the_entries_of_connections_whose_load_did_not_move() 
     for name in ("c1", "c2"):
         machine.node_connected(connection(name, "m"), 0.0)
     first = machine.snapshot()
-    machine.owner.nodes.by_conn("c2").tasks.add("t1")  # type: ignore[union-attr]
+    nodes = machine.owner.nodes
+    nodes.add_task(nodes.by_conn("c2"), "t1")  # type: ignore[arg-type]
     second = machine.snapshot()
     assert second.nodes[0] is first.nodes[0]  # c1 unchanged: the same entry, no allocation
     assert second.nodes[1] is not first.nodes[1]
@@ -212,15 +217,125 @@ async def test_an_idle_beat_does_not_encode_the_snapshot_again(monkeypatch: obje
         encoded.append(len(snap.nodes))
         return real_encode(snap)
 
+    hashed: list[int] = []
+    real_digest = registry.snapshot_digest
+
+    def counting_digest(data: bytes) -> str:
+        hashed.append(len(data))
+        return real_digest(data)
+
     monkeypatch.setattr(registry, "encode_snapshot", counting_encode)  # type: ignore[attr-defined]
+    monkeypatch.setattr(registry, "snapshot_digest", counting_digest)  # type: ignore[attr-defined]
     await member._beat(first=True)
     for _ in range(5):
         await member._beat()
     assert encoded == [20]  # once, not once a beat
-    machine.owner.nodes.by_conn("c3").tasks.add("t1")  # type: ignore[union-attr]
+    assert len(hashed) == 1  # hashed once too (the digest goes with every beat)
+    nodes = machine.owner.nodes
+    nodes.add_task(nodes.by_conn("c3"), "t1")  # type: ignore[arg-type]
     await member._beat()
     machine.node_disconnected("c4", "test", 0.0)
     await member._beat()
     assert encoded == [20, 20, 19]  # a load change and a node gone are encoded at once
     stored = await coordination.get(registry.snapshot_key("A"))
     assert stored is not None and registry.decode_snapshot(stored) == machine.snapshot()
+
+
+def test_an_idle_snapshot_is_the_previous_one_itself() -> None:
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    for name in ("c1", "c2"):
+        machine.node_connected(connection(name, "m"), 0.0)
+    first = machine.snapshot()
+    assert machine.snapshot() is first  # nothing moved: no work per node
+    nodes = machine.owner.nodes
+    conn = nodes.by_conn("c1")
+    assert conn is not None
+    nodes.add_task(conn, "t1")
+    busy = machine.snapshot()
+    assert busy is not first and [n.in_flight for n in busy.nodes] == [1, 0]
+    nodes.end_task(conn, "t1")
+    assert [n.in_flight for n in machine.snapshot().nodes] == [0, 0]
+    nodes.add_task(conn, "t2")
+    nodes.end_all_tasks(conn)
+    assert [n.in_flight for n in machine.snapshot().nodes] == [0, 0]
+    machine.node_connected(connection("c3", "m"), 0.0)
+    assert [n.conn_id for n in machine.snapshot().nodes] == ["c1", "c2", "c3"]
+
+
+async def test_an_idle_ownership_check_looks_at_no_connection() -> None:
+    coordination = MemoryCoordination(lambda: 100.0)
+    ownership = Ownership(coordination, "A", ttl_s=15.0)
+    conns = [connection(f"c{i}", "m") for i in range(3)]
+
+    class Untouchable(list[NodeConnection]):
+        def __iter__(self) -> Iterator[NodeConnection]:
+            raise AssertionError("an idle check looked at the connections")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ownership.run)
+        for conn in conns:
+            await ownership.claim(conn)
+        assert await ownership.owned_elsewhere(conns) == []  # reads the records once
+        assert await ownership.owned_elsewhere(Untouchable(conns)) == []
+        # another instance claims c1: the counter moves and the records are read again
+        await coordination.swap_many(
+            [(registry.owner_key("c1"), registry.owner_value("B", "other"))],
+            ttl_s=15.0,
+            bump=registry.OWNERS_CHANGED,
+        )
+        assert await ownership.owned_elsewhere(conns) == [conns[1]]
+        nursery.cancel_scope.cancel()
+
+
+@st.composite
+def silence_runs(draw: st.DrawFn) -> list[tuple[str, int, float]]:
+    """Steps of a node table's life: (what, which connection, how much)."""
+    steps = st.tuples(
+        st.sampled_from(["connect", "hear", "wait", "lengthen", "sweep", "sweep9"]),
+        st.integers(0, 5),
+        st.floats(0.0, 8.0),
+    )
+    return draw(st.lists(steps, max_size=60))
+
+
+@settings(max_examples=800, deadline=None)
+@given(silence_runs())
+def test_silent_finds_exactly_what_a_full_scan_finds(run: list[tuple[str, int, float]]) -> None:
+    table = NodeTable()
+    now = 0.0
+    for what, i, amount in run:
+        conn = table.by_conn(f"c{i}")
+        if what == "connect" and conn is None:
+            new = connection(f"c{i}", "m")
+            new.last_seen = now
+            new.silent_after_s = round(amount) * 3.0
+            table.register(new)
+        elif what == "hear" and conn is not None:
+            table.touch(conn.conn_id, now)
+        elif what == "wait":
+            now += amount
+        elif what == "lengthen" and conn is not None:
+            conn.silent_after_s = max(conn.silent_after_s, amount * 3)
+        elif what in ("sweep", "sweep9"):
+            deadline = 9.0 if what == "sweep9" else 6.0
+            expected = [
+                c
+                for c in table._by_conn.values()
+                if now - c.last_seen > deadline and now - c.last_seen > c.silent_after_s
+            ]
+            assert table.silent(now, deadline) == expected
+            for c in expected:  # as the owner does with a verdict
+                table.unregister(c.conn_id)
+
+
+def test_sweeps_between_verdicts_look_at_no_connection() -> None:
+    table = NodeTable()
+    for i in range(1000):
+        table.register(connection(f"c{i}", "m"))
+    sweeps = [k * 0.25 for k in range(1, 40)]  # ten seconds of sweeps, deadline 6 s
+    for k, now in enumerate(sweeps):
+        for c in table.connections()[k % 4 :: 4]:
+            table.touch(c.conn_id, now)  # every node heard once a second
+        assert table.silent(now, 6.0) == []
+    # the first look plans the next one for when the oldest can be due (6 s after 0.25 s)
+    assert table.silent_scans <= len(sweeps) // 4
