@@ -200,7 +200,7 @@ class Instance:
             nursery.start_soon(self.admissions.renew)
             nursery.start_soon(self.node_facts.run)
             nursery.start_soon(self.ownership.run)
-            nursery.start_soon(self.heartbeats.run, self._links.values)
+            nursery.start_soon(self.heartbeats.run, self._links)
             nursery.start_soon(self.telemetry.run)
             await nursery.start(self.host_calls.run)
             await nursery.start(self.host_facts.run)

@@ -20,12 +20,13 @@ Changing a node's interval is safe in both directions of the silence verdict:
 
 One timer sends them all, spread over ``HEARTBEAT_TICKS`` ticks of the base interval (a timer per
 connection was a tenth of the idle CPU with thousands of nodes: every expiry is a cancel-scope
-wake-up; and one burst of thousands of sends would make requests queue behind it)."""
+wake-up; and one burst of thousands of sends would make requests queue behind it). Each tick
+takes the links due on it from a wheel (tick -> links): it touches only those, not every link."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 
 import trio
 
@@ -59,6 +60,10 @@ class NodeHeartbeats:
         #: what a node connecting now is told
         self.interval_s = self.base_s
         self._attached = 0
+        # The tick the timer is at, and the links due on each coming tick (with the id they
+        # were attached under: a link no longer in the instance's links is dropped when due).
+        self._tick = 0
+        self._due: dict[int, list[tuple[str, NodeLink]]] = {}
 
     def attach(
         self,
@@ -89,6 +94,7 @@ class NodeHeartbeats:
         self._attached += 1
         link.seq = self._attached
         self._pace(link, self.interval_s)
+        self._schedule(conn.conn_id, link)
         conn.silent_after_s = self.interval_s * self.misses
 
     def _pace(self, link: NodeLink, interval_s: float) -> None:
@@ -96,19 +102,29 @@ class NodeHeartbeats:
         link.every = max(1, round(interval_s / self.base_s * HEARTBEAT_TICKS))
         link.share = link.seq % link.every
 
-    async def run(self, links: Callable[[], Iterable[NodeLink]]) -> None:
-        """Our heartbeat to every link, each at its own interval (a task of the instance)."""
+    def _schedule(self, conn_id: str, link: NodeLink) -> None:
+        """Put ``link`` on its next tick: the first after this one whose remainder is its
+        share."""
+        after = self._tick + 1
+        due = after + (link.share - after) % link.every
+        self._due.setdefault(due, []).append((conn_id, link))
+
+    async def run(self, links: Mapping[str, NodeLink]) -> None:
+        """Our heartbeat to every link in ``links`` (conn id -> link, the instance's own map),
+        each at its own interval (a task of the instance)."""
         plain = encode(Heartbeat())
-        tick = 0
         while True:
             await trio.sleep(self.base_s / HEARTBEAT_TICKS)
-            tick += 1
-            for link in list(links()):
-                if tick % link.every != link.share:
-                    continue
+            self._tick += 1
+            due = self._due.pop(self._tick, [])
+            due.sort(key=lambda item: item[1].seq)  # in connection order, as before the wheel
+            for conn_id, link in due:
+                if links.get(conn_id) is not link:
+                    continue  # gone (or replaced): it leaves the wheel here
                 if link.pending_s is None:
                     link.send_encoded_nowait(plain)
                 else:
                     link.send_nowait(Heartbeat(interval_s=link.pending_s))
                     self._pace(link, link.pending_s)  # slower only once it has been told
                     link.pending_s = None
+                self._schedule(conn_id, link)
