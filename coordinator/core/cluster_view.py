@@ -22,7 +22,7 @@ def status(
     return {
         "online_nodes": len(mine | registry.online_node_ids(peers)),
         "instances": 1 + len(peers),
-        "in_flight": len(machine.requester) + sum(p.in_flight for p in peers),
+        "in_flight": len(machine.requester) + sum(machine.peer_requests(p) for p in peers),
         "instance_id": machine.me,
         "queued": queued,
         "diagnostics": diagnostics,
@@ -101,7 +101,7 @@ def node_infos(
                     "instance_id": snap.instance_id,
                     "models": list(entry.models),
                     "max_parallel": entry.max_parallel,
-                    "in_flight": entry.in_flight,
+                    "in_flight": machine.peer_in_flight(snap.instance_id, entry),
                     "vram_gb": entry.vram_gb,
                     "agent_version": entry.agent_version,
                     "connected_at": entry.connected_at,

@@ -25,7 +25,7 @@ from coordinator.core.effects import CallHost, Dispatch, Effect, Publish, StopHo
 from coordinator.core.node_table import NodeConnection, view_of
 from coordinator.core.owner import Owner
 from coordinator.core.placement import SAMPLE_ABOVE, Indexable, NodeView, sample_across
-from coordinator.core.registry import InstanceSnapshot
+from coordinator.core.registry import InstanceSnapshot, NodeEntry, PeerLoad
 from coordinator.core.requester import Requester
 from coordinator.core.tracker import Verdict
 from coordinator.errors import GemmaNetError
@@ -57,10 +57,15 @@ class _RemoteViews:
                 self.by_model.setdefault(model, []).append(view)
 
 
-def _corrected(view: NodeView, pending: Mapping[str, int]) -> NodeView:
-    """A peer's node with the tasks this instance sent it since its snapshot was taken."""
-    sent = pending.get(view.conn_id, 0)
-    return replace(view, in_flight=sent) if sent > view.in_flight else view
+def _corrected(
+    view: NodeView, pending: Mapping[str, int], loads: Mapping[str, PeerLoad]
+) -> NodeView:
+    """A peer's node with its load as the peer's last beat told it (when the peer beats its
+    loads; else as its snapshot says), and at least the tasks this instance sent it since."""
+    load = loads.get(view.instance_id)
+    told = view.in_flight if load is None else load.of(view.conn_id)
+    in_flight = max(told, pending.get(view.conn_id, 0))
+    return view if in_flight == view.in_flight else replace(view, in_flight=in_flight)
 
 
 class InstanceMachine:
@@ -88,6 +93,8 @@ class InstanceMachine:
         )
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
+        #: the peers' loads as their last beats told them (registry.PeerLoad)
+        self.peer_loads: dict[str, PeerLoad] = {}
         # Peers' nodes as placement sees them, built once per change of the peers or ratings
         # (not per request): all of them, and per model (the pools samples are drawn from).
         self._remote: _RemoteViews | None = None
@@ -98,6 +105,26 @@ class InstanceMachine:
         """The last published snapshots of the live peers."""
         self._peers = {s.instance_id: s for s in snapshots if s.instance_id != self.me}
         self._remote = None
+
+    def set_peer_loads(self, loads: dict[str, PeerLoad]) -> None:
+        """The peers' loads from their last beats (no views are rebuilt: they are applied to
+        the few nodes a request looks at)."""
+        self.peer_loads = loads
+
+    def loads(self) -> tuple[int, dict[str, int]]:
+        """This instance's roster version and busy connections, for its beat."""
+        nodes = self.owner.nodes
+        return nodes.roster_changes, dict(nodes.busy)
+
+    def peer_requests(self, snapshot: InstanceSnapshot) -> int:
+        """Requests a peer is carrying, by its last word."""
+        load = self.peer_loads.get(snapshot.instance_id)
+        return snapshot.in_flight if load is None else load.in_flight
+
+    def peer_in_flight(self, instance_id: str, entry: NodeEntry) -> int:
+        """Tasks running on a peer's node, by the peer's last word on it."""
+        load = self.peer_loads.get(instance_id)
+        return entry.in_flight if load is None else load.of(entry.conn_id)
 
     def forget_peer(self, instance_id: str) -> None:
         if self._peers.pop(instance_id, None) is not None:
@@ -134,7 +161,9 @@ class InstanceMachine:
         # connection, when there is one, is the newest this instance knows of.
         local_ids = {v.node_id for v in local}
         remote = [
-            _corrected(v, pending) for v in self._remote_views().all if v.node_id not in local_ids
+            _corrected(v, pending, self.peer_loads)
+            for v in self._remote_views().all
+            if v.node_id not in local_ids
         ]
         return local + remote
 
@@ -153,7 +182,7 @@ class InstanceMachine:
             if isinstance(item, NodeConnection):
                 sample.append(view_of(item, self.me, self.ratings))
             elif self.owner.nodes.by_node(item.node_id) is None:  # the local one is newer
-                sample.append(_corrected(item, pending))
+                sample.append(_corrected(item, pending, self.peer_loads))
         return sample
 
     # -- requests ---------------------------------------------------------------------------

@@ -51,6 +51,11 @@ class NodeTable:
         #: bumped when a connection comes or goes or its tasks change: what an instance
         #: snapshot holds is the same while it stands still (one check a beat, not one a node)
         self.changes = 0
+        #: bumped only when a connection comes or goes (the roster peers fetch in full)
+        self.roster_changes = 0
+        #: conn id -> tasks running, for the connections running any (the load a beat carries:
+        #: it grows with the work, not with the node count)
+        self.busy: dict[str, int] = {}
         # ``silent`` looks at the connections only from this time on: no verdict can fall
         # earlier (see there), so a sweep between verdicts costs nothing per node.
         self._silent_scan_at = -math.inf
@@ -66,10 +71,14 @@ class NodeTable:
         previous = self._by_node.get(conn.node_id)
         self._sorted = None
         self.changes += 1
+        self.roster_changes += 1
         self._silent_scan_at = -math.inf  # its own deadline may come before the planned scan
         if previous is not None:
             del self._by_conn[previous.conn_id]
+            self.busy.pop(previous.conn_id, None)
             self._unlist(previous)
+        if conn.tasks:
+            self.busy[conn.conn_id] = len(conn.tasks)
         self._by_node[conn.node_id] = conn
         self._by_conn[conn.conn_id] = conn
         for model in conn.models:
@@ -84,19 +93,31 @@ class NodeTable:
             self._unlist(conn)
             self._sorted = None
             self.changes += 1
+            self.roster_changes += 1
+        if conn is not None:
+            self.busy.pop(conn_id, None)
         return conn
 
     def add_task(self, conn: NodeConnection, task_id: str) -> None:
         conn.tasks.add(task_id)
-        self.changes += 1
+        self._load_moved(conn)
 
     def end_task(self, conn: NodeConnection, task_id: str) -> None:
         conn.tasks.discard(task_id)
-        self.changes += 1
+        self._load_moved(conn)
 
     def end_all_tasks(self, conn: NodeConnection) -> None:
         conn.tasks.clear()
+        self._load_moved(conn)
+
+    def _load_moved(self, conn: NodeConnection) -> None:
         self.changes += 1
+        if self._by_conn.get(conn.conn_id) is not conn:
+            return  # no longer listed: it has no load to publish
+        if conn.tasks:
+            self.busy[conn.conn_id] = len(conn.tasks)
+        else:
+            self.busy.pop(conn.conn_id, None)
 
     def _unlist(self, conn: NodeConnection) -> None:
         for model in conn.models:

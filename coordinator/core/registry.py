@@ -86,6 +86,21 @@ class PresenceData(msgspec.Struct, frozen=True, kw_only=True):
     #: ``snapshot_digest`` of the snapshot at ``snapshot_key(instance_id)``
     digest: str = ""
     node_count: int = 0
+    #: conn id -> tasks running, for every connection running any, as of this beat; the
+    #: snapshot's own ``in_flight`` per node is as of its last write, which happens only when
+    #: a node comes or goes (None: a writer that republishes the snapshot on every change)
+    loads: dict[str, int] | None = None
+
+
+class PeerLoad(msgspec.Struct, frozen=True):
+    """A peer's load as its last beat told it: tasks it runs for requesters, and per busy
+    connection."""
+
+    in_flight: int
+    busy: dict[str, int]
+
+    def of(self, conn_id: str) -> int:
+        return self.busy.get(conn_id, 0)
 
 
 _encoder = msgspec.json.Encoder()
@@ -98,8 +113,12 @@ def snapshot_digest(encoded: bytes) -> str:
     return hashlib.blake2b(encoded, digest_size=8).hexdigest()
 
 
-def encode_presence(snapshot: InstanceSnapshot, digest: str) -> bytes:
-    """The registry data for ``snapshot`` (``digest``: ``snapshot_digest`` of its bytes)."""
+def encode_presence(
+    snapshot: InstanceSnapshot, digest: str, loads: Mapping[str, int] | None = None
+) -> bytes:
+    """The registry data for ``snapshot`` (``digest``: ``snapshot_digest`` of the bytes
+    stored for it; ``loads``: the busy connections now, when the stored snapshot is only
+    rewritten as nodes come and go)."""
     return _encoder.encode(
         PresenceData(
             instance_id=snapshot.instance_id,
@@ -107,6 +126,7 @@ def encode_presence(snapshot: InstanceSnapshot, digest: str) -> bytes:
             incarnation=snapshot.incarnation,
             digest=digest,
             node_count=len(snapshot.nodes),
+            loads=None if loads is None else dict(loads),
         )
     )
 

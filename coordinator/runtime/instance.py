@@ -143,11 +143,17 @@ class Instance:
         coordination.op_observer = self.metrics.redis_op
         self.outbox = BusOutbox(bus, clock, self.metrics)
         self.membership = Membership(
-            coordination, bus, settings, snapshot=self.machine.snapshot, clock=clock
+            coordination,
+            bus,
+            settings,
+            snapshot=self.machine.snapshot,
+            clock=clock,
+            loads=self.machine.loads,
         )
         self.supervisor = Supervisor(self)
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
+        self.membership.on_peer_loads = self.machine.set_peer_loads
         self.ownership = Ownership(coordination, self.instance_id, ttl_s=settings.owner_ttl_s)
         self.admissions = Admissions(
             settings, coordination, self.machine, self.outbox, clock, self.metrics

@@ -21,7 +21,7 @@ measures round trips with the injected clock, and feeds them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,6 +73,7 @@ class Membership:
         *,
         snapshot: Callable[[], InstanceSnapshot],
         clock: Callable[[], float],
+        loads: Callable[[], tuple[int, Mapping[str, int]]] | None = None,
     ) -> None:
         self.coordination = coordination
         self.bus = bus
@@ -81,20 +82,30 @@ class Membership:
         self.timing = settings.liveness_timing()
         self._snapshot = snapshot
         self._clock = clock
+        # (roster version, busy connections) of this instance: given, the stored snapshot is
+        # rewritten only when the roster moves and each beat carries the load (a busy cluster
+        # then writes and fetches no node list per beat); None: rewritten on every change
+        self._loads = loads
         # Deaths are judged on the sweep's own reads (that is what the bound is computed on);
         # the beat's reads, with the same rule, only decide whom placement may use.
         self._judge = LivenessJudge(self.timing)
         self._beat_view = LivenessJudge(self.timing)
         self._peers: dict[str, InstanceSnapshot] = {}
         # Each peer's last snapshot with its digest: while the digest in the registry does not
-        # move (no node came, went or changed its load), the snapshot is neither fetched nor
+        # move (no node came or went; or, from a writer that does not beat its loads, none
+        # changed its load), the snapshot is neither fetched nor
         # decoded again nor turned into new placement views (idle cost follows changes).
         self._known: dict[str, tuple[str, InstanceSnapshot]] = {}
         # The digest of our snapshot as last written under its key, and when (our clock)
         self._written: tuple[str, float] | None = None
-        # Our last snapshot and its bytes (``_encoded``)
-        # our last snapshot, its bytes and their digest (``_encoded``)
+        # our last snapshot, its bytes and their digest (``_encoded``), and the roster version
+        # they were made at (with ``loads``)
         self._last_encoded: tuple[InstanceSnapshot, bytes, str] | None = None
+        self._encoded_roster = -1
+        #: each live peer's load as its last beat told it (peers that carry ``loads``)
+        self.peer_loads: dict[str, registry.PeerLoad] = {}
+        #: told ``peer_loads`` after every beat that read them
+        self.on_peer_loads: Callable[[dict[str, registry.PeerLoad]], None] | None = None
         # Peers forgotten (judged dead, or an assign reached nobody) -> their last beat then:
         # they stay out of ``peers`` until they beat again, so the next beat's read does not
         # bring a killed peer back into the placement view and the API's lists for its TTL.
@@ -155,13 +166,21 @@ class Membership:
 
     async def _beat(self, *, first: bool = False) -> None:
         snapshot = self._snapshot()
-        encoded, digest = self._encoded(snapshot)
+        busy: Mapping[str, int] | None = None
+        if self._loads is None:
+            encoded, digest = self._encoded(snapshot)
+        else:
+            roster, busy = self._loads()
+            if roster != self._encoded_roster or self._last_encoded is None:
+                self._last_encoded = None  # the roster moved: encode this snapshot
+                self._encoded_roster = roster
+            encoded, digest = self._encoded(snapshot, reuse=True)
         await self._publish_snapshot(encoded, digest)
         sent = self._clock()
         view = await self.coordination.presence_beat(
             registry.PRESENCE,
             self.me,
-            registry.encode_presence(snapshot, digest),
+            registry.encode_presence(snapshot, digest, busy),
             stall_after_s=self.timing.stall_gap_s,
             forget_after_s=FORGET_AFTER_S,
         )
@@ -195,13 +214,14 @@ class Membership:
             # The beat itself went through: only the placement view stays a beat older.
             log.warning("could not fetch the peers' snapshots: %s", exc)
 
-    def _encoded(self, snapshot: InstanceSnapshot) -> tuple[bytes, str]:
+    def _encoded(self, snapshot: InstanceSnapshot, *, reuse: bool = False) -> tuple[bytes, str]:
         """The snapshot's bytes and digest, made again only when it changed: an idle beat's
         snapshot is the previous one itself, or holds its very entries (``Owner.snapshot``),
         and comparing them by identity costs far less than encoding and hashing thousands of
-        them twice a second."""
+        them twice a second. ``reuse``: the last bytes whatever changed (the caller knows the
+        roster did not; loads travel in the beat)."""
         last = self._last_encoded
-        if last is not None and (last[0] is snapshot or _same_entries(last[0], snapshot)):
+        if last is not None and (reuse or last[0] is snapshot or _same_entries(last[0], snapshot)):
             return last[1], last[2]
         encoded = registry.encode_snapshot(snapshot)
         digest = registry.snapshot_digest(encoded)
@@ -255,6 +275,15 @@ class Membership:
                 snapshot = registry.decode_snapshot(data) if data is not None else None
                 if snapshot is not None:
                     self._known[member] = (registry.snapshot_digest(data or b""), snapshot)
+        loads = {
+            m: registry.PeerLoad(p.in_flight, p.loads)
+            for m, p in current.items()
+            if p.loads is not None
+        }
+        if loads != self.peer_loads:
+            self.peer_loads = loads
+            if self.on_peer_loads is not None:
+                self.on_peer_loads(loads)
         peers = {}
         for member, presence in current.items():
             if not presence.digest:
@@ -280,6 +309,10 @@ class Membership:
         self._known[member] = ("", snapshot)
         return snapshot
 
+    def _requests(self, snapshot: InstanceSnapshot) -> int:
+        load = self.peer_loads.get(snapshot.instance_id)
+        return snapshot.in_flight if load is None else load.in_flight
+
     def peers(self) -> list[InstanceSnapshot]:
         """Last snapshots of the live peers, sorted by instance id, without this instance."""
         return [s for i, s in sorted(self._peers.items()) if i != self.me]
@@ -296,7 +329,7 @@ class Membership:
             snapshot = self._peers.get(instance_id)
             if snapshot is not None:
                 entry = MemberLiveness(
-                    instance_id, "live", age, len(snapshot.nodes), snapshot.in_flight
+                    instance_id, "live", age, len(snapshot.nodes), self._requests(snapshot)
                 )
             else:
                 state: Literal["stale", "dead"] = (

@@ -6,6 +6,8 @@
   sort gives;
 * the per-request "does anything serve this model" check follows peers that come and go;
 * the periodic rewrite of node facts goes in batches, not one round trip per node;
+* a beat under load carries the busy connections, not every node: the node list is written
+  and fetched when a node comes or goes;
 * an idle beat and an idle sweep look at no node: the snapshot is the previous one itself, the
   ownership check stops at the claims counter, the silence check waits for its first possible
   verdict.
@@ -24,7 +26,7 @@ from coordinator.capacity import parse_capacity
 from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.memory import MemoryCoordination
 from coordinator.coordination.memory_bus import MemoryBus
-from coordinator.core import registry
+from coordinator.core import cluster_view, registry
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.core.placement import NodeView, rank_candidates
@@ -339,3 +341,65 @@ def test_sweeps_between_verdicts_look_at_no_connection() -> None:
         assert table.silent(now, 6.0) == []
     # the first look plans the next one for when the oldest can be due (6 s after 0.25 s)
     assert table.silent_scans <= len(sweeps) // 4
+
+
+async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
+    """Load moves every beat under requests: the stored snapshot (every node) is written and
+    fetched only when a node comes or goes; the beat carries the busy connections, and a peer
+    places on them without fetching, decoding or rebuilding anything."""
+    coordination = MemoryCoordination(lambda: 100.0)
+    bus = MemoryBus()
+    machine_a = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    machine_b = InstanceMachine("B", forward_grace_s=1.0, rng=random.Random(2))
+    for i in range(100):
+        machine_a.node_connected(connection(f"c{i}", "m"), 0.0)
+
+    def member(name: str, machine: InstanceMachine) -> Membership:
+        settings = Settings(instance_id=name, multi_instance=True, redis_url="memory://")
+        m = Membership(
+            coordination,
+            bus,
+            settings,
+            snapshot=machine.snapshot,
+            clock=lambda: 0.0,
+            loads=machine.loads,
+        )
+        m.on_peers = machine.set_peers
+        m.on_peer_loads = machine.set_peer_loads
+        return m
+
+    a, b = member("A", machine_a), member("B", machine_b)
+    writes: list[str] = []
+    real_set = coordination.set
+
+    async def counting_set(key: str, value: bytes, **kw: float | None) -> None:
+        writes.append(key)
+        await real_set(key, value, **kw)
+
+    coordination.set = counting_set  # type: ignore[method-assign]
+    await a._beat(first=True)
+    await b._beat(first=True)
+    assert writes.count(registry.snapshot_key("A")) == 1
+    peer_view = b.peers()[0]
+    remote = machine_b._remote_views()
+    nodes = machine_a.owner.nodes
+    for beat in range(5):  # a load change every beat
+        conn = nodes.by_conn(f"c{beat}")
+        assert conn is not None
+        nodes.add_task(conn, f"t{beat}")
+        await a._beat()
+        await b._beat()
+    assert writes.count(registry.snapshot_key("A")) == 1  # no node list written again
+    assert b.peers()[0] is peer_view  # nor fetched and decoded again
+    assert machine_b._remote_views() is remote  # nor turned into new views
+    assert b.peer_loads["A"].busy == {f"c{i}": 1 for i in range(5)}
+    # placement on B sees the load A told (c0..c4 busy: full at max_parallel 1)
+    seen = {v.conn_id: v.in_flight for v in machine_b.views()}
+    assert seen == {f"c{i}": int(i < 5) for i in range(100)}
+    assert cluster_view.status(machine_b, {}, None)["in_flight"] == 0
+    # a node leaving is a roster change: written once more
+    machine_a.node_disconnected("c99", "test", 0.0)
+    await a._beat()
+    await b._beat()
+    assert writes.count(registry.snapshot_key("A")) == 2
+    assert len(b.peers()[0].nodes) == 99

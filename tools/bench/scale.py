@@ -19,7 +19,7 @@ and then measures, per instance:
 
     python -m tools.bench.scale [--nodes 200,2000,10000] [--idle S] [--rate R] [--duration S]
     python -m tools.bench.scale --quick     # 50 and 200 nodes, a few seconds each (smoke)
-    python -m tools.bench.scale --nodes 2000 --py-spy DIR   # where the idle CPU goes
+    python -m tools.bench.scale --nodes 2000 --py-spy DIR   # where the CPU goes, idle and under requests
 
 The light nodes run in separate processes (``--per-fleet`` nodes each) so that the node side
 does not starve: their CPU is not counted. Open file limits: 10,000 nodes need about 10,000
@@ -246,9 +246,19 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
             profiler.wait(timeout=30)
         idle_cpu = [(cpu_seconds(pid) - before) / elapsed for pid, before in zip(pids, cpu_before)]
         redis_bps = (redis_net_bytes(redis_url) - bytes_before) / elapsed
+        # The request window is profiled apart from the idle one (R: requests, I: idle).
+        profilers = (
+            _profile.record(
+                {f"{nodes}-R{i}": pid for i, pid in enumerate(pids)}, args.duration, args.py_spy
+            )
+            if args.py_spy
+            else []
+        )
         latencies, errors = trio.run(
             open_loop, [c.url for c in coords], key, args.rate, args.duration
         )
+        for profiler in profilers:
+            profiler.wait(timeout=30)
         for proc in [*fleets, *(c.proc for c in coords)]:
             proc.check_alive()
         statuses = [c.status() for c in coords]
@@ -314,8 +324,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--keep", action="store_true", help="keep the temp dirs with the logs")
     parser.add_argument("--py-spy", metavar="DIR", type=Path, default=None,
-                        help="profile each instance over the idle window with py-spy: raw "
-                        "stacks and a summary per instance in DIR")  # fmt: skip
+                        help="profile each instance with py-spy over the idle window and over "
+                        "the request window: raw stacks and a summary per instance and window "
+                        "in DIR")  # fmt: skip
     args = parser.parse_args(argv)
     args.nodes = [
         int(n) for n in (args.nodes or ("50,200" if args.quick else "200,2000,10000")).split(",")
@@ -343,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_for("scale", exc)
     print_report(rows, settings)
     if args.py_spy:
-        for raw in sorted(args.py_spy.glob("*-I*.txt")):
+        for raw in sorted(args.py_spy.glob("*-[IR]*.txt")):
             (args.py_spy / f"{raw.stem}.summary").write_text(_profile.summary(raw) + "\n")
-        print(f"idle profiles (py-spy) in {args.py_spy}: *.summary", file=sys.stderr)
+        print(f"profiles (py-spy) in {args.py_spy}: *-I*.summary idle, *-R*.summary under "
+              "requests", file=sys.stderr)  # fmt: skip
     write_json(
         args.json, {"benchmark": "scale", "cores": cores(), "settings": settings, "rows": rows}
     )
