@@ -223,7 +223,7 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         connect_started = time.monotonic()
         fleets = start_fleets(harness, coords, nodes, args.per_fleet)
         wait_until(lambda: all(c.status()["online_nodes"] == nodes for c in coords),
-                   f"every instance to count {nodes} nodes", timeout_s=60)  # fmt: skip
+                   f"every instance to count {nodes} nodes", timeout_s=180)  # fmt: skip
         connect_s = time.monotonic() - connect_started
         retries = sum(
             connect_retries(fleet.log_path.read_text(errors="replace")) for fleet in fleets
