@@ -15,8 +15,10 @@ pytest_plugins = [
 #: workers (tools/run-tests.sh: pytest-xdist, ``--dist load`` hands out the first tests one per
 #: worker) they then start at once and overlap the many short ones instead of running last.
 LONGEST_FIRST = (
-    "tests/sim/test_simulator.py::test_a_sweep_of_200_seeds_is_green",
     "tests/e2e/test_loadtest_smoke.py",
+    "tests/sim/test_simulator.py::test_a_sweep_of_100_seeds_is_green",
+    "tests/sim/test_simulator.py::test_a_sweep_with_stretched_heartbeats",
+    "tests/e2e/test_audit.py",
     "tests/sim/test_simulator.py::test_a_sweep_of_100_seeds_with_monitors",
     "tests/e2e/test_schemathesis.py",
     "tests/coordinator/test_lease_model.py",
