@@ -62,8 +62,7 @@ def _corrected(
 ) -> NodeView:
     """A peer's node with its load as the peer's last beat told it (when the peer beats its
     loads; else as its snapshot says), and at least the tasks this instance sent it since."""
-    load = loads.get(view.instance_id)
-    told = view.in_flight if load is None else load.of(view.conn_id)
+    told = registry.node_load(loads.get(view.instance_id), view.conn_id, view.in_flight)
     in_flight = max(told, pending.get(view.conn_id, 0))
     return view if in_flight == view.in_flight else replace(view, in_flight=in_flight)
 
@@ -111,20 +110,19 @@ class InstanceMachine:
         the few nodes a request looks at)."""
         self.peer_loads = loads
 
-    def loads(self) -> tuple[int, dict[str, int]]:
-        """This instance's roster version and busy connections, for its beat."""
+    def loads(self) -> tuple[int, Mapping[str, int]]:
+        """This instance's roster version and busy connections, for its beat (read there and
+        then, not kept)."""
         nodes = self.owner.nodes
-        return nodes.roster_changes, dict(nodes.busy)
+        return nodes.roster_changes, nodes.busy
 
     def peer_requests(self, snapshot: InstanceSnapshot) -> int:
         """Requests a peer is carrying, by its last word."""
-        load = self.peer_loads.get(snapshot.instance_id)
-        return snapshot.in_flight if load is None else load.in_flight
+        return registry.requests_load(self.peer_loads.get(snapshot.instance_id), snapshot)
 
     def peer_in_flight(self, instance_id: str, entry: NodeEntry) -> int:
         """Tasks running on a peer's node, by the peer's last word on it."""
-        load = self.peer_loads.get(instance_id)
-        return entry.in_flight if load is None else load.of(entry.conn_id)
+        return registry.node_load(self.peer_loads.get(instance_id), entry.conn_id, entry.in_flight)
 
     def forget_peer(self, instance_id: str) -> None:
         if self._peers.pop(instance_id, None) is not None:

@@ -103,6 +103,17 @@ class PeerLoad(msgspec.Struct, frozen=True):
         return self.busy.get(conn_id, 0)
 
 
+def node_load(load: PeerLoad | None, conn_id: str, stored: int) -> int:
+    """Tasks on a peer's node: as its last beat told them when it beats its loads (``load``),
+    else as its stored snapshot said (``stored``)."""
+    return stored if load is None else load.of(conn_id)
+
+
+def requests_load(load: PeerLoad | None, snapshot: InstanceSnapshot) -> int:
+    """Requests a peer carries, by the same rule as ``node_load``."""
+    return snapshot.in_flight if load is None else load.in_flight
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(InstanceSnapshot)
 _presence_decoder = msgspec.json.Decoder(PresenceData)

@@ -171,7 +171,7 @@ class Membership:
             encoded, digest = self._encoded(snapshot)
         else:
             roster, busy = self._loads()
-            if roster != self._encoded_roster or self._last_encoded is None:
+            if roster != self._encoded_roster:
                 self._last_encoded = None  # the roster moved: encode this snapshot
                 self._encoded_roster = roster
             encoded, digest = self._encoded(snapshot, reuse=True)
@@ -309,10 +309,6 @@ class Membership:
         self._known[member] = ("", snapshot)
         return snapshot
 
-    def _requests(self, snapshot: InstanceSnapshot) -> int:
-        load = self.peer_loads.get(snapshot.instance_id)
-        return snapshot.in_flight if load is None else load.in_flight
-
     def peers(self) -> list[InstanceSnapshot]:
         """Last snapshots of the live peers, sorted by instance id, without this instance."""
         return [s for i, s in sorted(self._peers.items()) if i != self.me]
@@ -329,7 +325,11 @@ class Membership:
             snapshot = self._peers.get(instance_id)
             if snapshot is not None:
                 entry = MemberLiveness(
-                    instance_id, "live", age, len(snapshot.nodes), self._requests(snapshot)
+                    instance_id,
+                    "live",
+                    age,
+                    len(snapshot.nodes),
+                    registry.requests_load(self.peer_loads.get(instance_id), snapshot),
                 )
             else:
                 state: Literal["stale", "dead"] = (

@@ -35,6 +35,7 @@ import os
 import random
 import re
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -204,6 +205,16 @@ async def open_loop(
     return latencies, errors
 
 
+def profile(
+    args: argparse.Namespace, pids: list[int], label: str, seconds: float
+) -> list[subprocess.Popen[bytes]]:
+    """With ``--py-spy``, one profiler per instance over the next ``seconds`` (files
+    ``<label><instance>.txt``); wait for them after the window."""
+    if not args.py_spy:
+        return []
+    return _profile.record({f"{label}{i}": pid for i, pid in enumerate(pids)}, seconds, args.py_spy)
+
+
 def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     with Harness(keep=args.keep, GEMMANET_RATE_LIMIT="1000000/minute") as harness:
         if args.keep:
@@ -232,13 +243,7 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         pids = [c.proc.popen.pid for c in coords]
         cpu_before = [cpu_seconds(pid) for pid in pids]
         bytes_before = redis_net_bytes(redis_url)
-        profilers = (
-            _profile.record(
-                {f"{nodes}-I{i}": pid for i, pid in enumerate(pids)}, args.idle, args.py_spy
-            )
-            if args.py_spy
-            else []
-        )
+        profilers = profile(args, pids, f"{nodes}-I", args.idle)
         started = time.monotonic()
         time.sleep(args.idle)
         elapsed = time.monotonic() - started
@@ -247,13 +252,7 @@ def measure_count(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         idle_cpu = [(cpu_seconds(pid) - before) / elapsed for pid, before in zip(pids, cpu_before)]
         redis_bps = (redis_net_bytes(redis_url) - bytes_before) / elapsed
         # The request window is profiled apart from the idle one (R: requests, I: idle).
-        profilers = (
-            _profile.record(
-                {f"{nodes}-R{i}": pid for i, pid in enumerate(pids)}, args.duration, args.py_spy
-            )
-            if args.py_spy
-            else []
-        )
+        profilers = profile(args, pids, f"{nodes}-R", args.duration)
         latencies, errors = trio.run(
             open_loop, [c.url for c in coords], key, args.rate, args.duration
         )
