@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import cast
 
 import trio
-from quart import websocket
-from quart.wrappers import Websocket
 from quart_schema import QuartSchema
 from quart_trio import QuartTrio
-from werkzeug.local import LocalProxy
 
 from coordinator import __version__, hypercorn_patches
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.metrics_http import install_metrics, serve_metrics
+from coordinator.api.node_websocket import ServeNode, serve_node_sockets_first
 from coordinator.api.openai_routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
@@ -119,12 +116,12 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     register_system_health(app)
     install_metrics(app, settings)
 
-    @app.websocket("/ws/node")
-    async def node_socket() -> None:
-        # The proxy's target itself: the socket is used from tasks outside this handler's context.
-        socket = cast("LocalProxy[Websocket]", websocket)._get_current_object()
+    def serve_node() -> ServeNode:
         instance: Instance = app.config["GEMMANET_INSTANCE"]
-        await instance.serve_node(socket)
+        return instance.serve_node
+
+    # /ws/node below Quart (api/node_websocket.py): Quart's documented middleware hook.
+    app.asgi_app = serve_node_sockets_first(app.asgi_app, serve_node)  # type: ignore[method-assign,assignment]
 
     @app.before_serving
     async def start_instance() -> None:
