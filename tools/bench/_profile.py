@@ -21,8 +21,11 @@ def record(pids: dict[str, int], seconds: float, out_dir: Path) -> list[subproce
     out_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for name, pid in pids.items():
+        # --gil: only samples where Python runs. Without it a thread preempted inside a
+        # syscall (a loopback send waking its peer on a busy 2-core box) is counted as busy
+        # there, and sends looked like a third of the work when they were a few percent of CPU.
         args = [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "100",
-                "-f", "raw", "-o", str(out_dir / f"{name}.txt")]  # fmt: skip
+                "--gil", "-f", "raw", "-o", str(out_dir / f"{name}.txt")]  # fmt: skip
         procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return procs
 
