@@ -11,7 +11,7 @@ from coordinator.core.instance_machine import InstanceMachine
 def served_models(machine: InstanceMachine, now: float | None = None) -> list[str]:
     """Models an online node serves, and given ``now``, a direct host placement may use."""
     hosts = machine.hosts.views(now) if now is not None else []
-    return sorted({m for view in machine.views() + hosts for m in view.models})
+    return sorted(machine.served_models().union(*(view.models for view in hosts)))
 
 
 def status(

@@ -110,11 +110,11 @@ class InstanceMachine:
         the few nodes a request looks at)."""
         self.peer_loads = loads
 
-    def loads(self) -> tuple[int, Mapping[str, int]]:
-        """This instance's roster version and busy connections, for its beat (read there and
-        then, not kept)."""
+    def loads(self) -> registry.BeatLoads:
+        """This instance's roster version, busy connections and requests in flight, for its
+        beat (read there and then, not kept). O(1): no node is looked at."""
         nodes = self.owner.nodes
-        return nodes.roster_changes, nodes.busy
+        return registry.BeatLoads(nodes.roster_changes, nodes.busy, len(self.requester))
 
     def peer_requests(self, snapshot: InstanceSnapshot) -> int:
         """Requests a peer is carrying, by its last word."""
@@ -139,6 +139,11 @@ class InstanceMachine:
         """Whether a connected node (here or on a live peer) serves ``model``: the check every
         request makes first, without building the views."""
         return bool(self.owner.nodes.serving(model)) or model in self._remote_views().by_model
+
+    def served_models(self) -> set[str]:
+        """Models a connected node (here or on a live peer) serves, from the per-model pools:
+        no view is made (``/api/v1/status`` asks on every call)."""
+        return set(self.owner.nodes.models()) | set(self._remote_views().by_model)
 
     def _remote_views(self) -> _RemoteViews:
         if self._remote is None:

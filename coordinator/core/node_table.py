@@ -127,6 +127,10 @@ class NodeTable:
                 if not pool:
                     del self._serving[model]
 
+    def models(self) -> list[str]:
+        """The models some connection here serves."""
+        return list(self._serving)
+
     def serving(self, model: str) -> Pool[NodeConnection]:
         """The connections serving ``model``, in no particular order (an empty pool if none)."""
         return self._serving.get(model) or Pool()

@@ -92,6 +92,16 @@ class PresenceData(msgspec.Struct, frozen=True, kw_only=True):
     loads: dict[str, int] | None = None
 
 
+class BeatLoads(msgspec.Struct, frozen=True):
+    """What an instance's beat carries besides its snapshot's digest, read at the beat: the
+    roster version (the stored snapshot is rewritten when it moves), the busy connections
+    (conn id -> tasks running) and the requests in flight."""
+
+    roster: int
+    busy: Mapping[str, int]
+    in_flight: int
+
+
 class PeerLoad(msgspec.Struct, frozen=True):
     """A peer's load as its last beat told it: tasks it runs for requesters, and per busy
     connection."""
@@ -125,15 +135,19 @@ def snapshot_digest(encoded: bytes) -> str:
 
 
 def encode_presence(
-    snapshot: InstanceSnapshot, digest: str, loads: Mapping[str, int] | None = None
+    snapshot: InstanceSnapshot,
+    digest: str,
+    loads: Mapping[str, int] | None = None,
+    in_flight: int | None = None,
 ) -> bytes:
     """The registry data for ``snapshot`` (``digest``: ``snapshot_digest`` of the bytes
     stored for it; ``loads``: the busy connections now, when the stored snapshot is only
-    rewritten as nodes come and go)."""
+    rewritten as nodes come and go; ``in_flight``: the requests now, when ``snapshot`` is the
+    stored one and older than that)."""
     return _encoder.encode(
         PresenceData(
             instance_id=snapshot.instance_id,
-            in_flight=snapshot.in_flight,
+            in_flight=snapshot.in_flight if in_flight is None else in_flight,
             incarnation=snapshot.incarnation,
             digest=digest,
             node_count=len(snapshot.nodes),

@@ -73,7 +73,7 @@ class Membership:
         *,
         snapshot: Callable[[], InstanceSnapshot],
         clock: Callable[[], float],
-        loads: Callable[[], tuple[int, Mapping[str, int]]] | None = None,
+        loads: Callable[[], registry.BeatLoads] | None = None,
     ) -> None:
         self.coordination = coordination
         self.bus = bus
@@ -82,9 +82,10 @@ class Membership:
         self.timing = settings.liveness_timing()
         self._snapshot = snapshot
         self._clock = clock
-        # (roster version, busy connections) of this instance: given, the stored snapshot is
-        # rewritten only when the roster moves and each beat carries the load (a busy cluster
-        # then writes and fetches no node list per beat); None: rewritten on every change
+        # roster version, busy connections and requests of this instance: given, the stored
+        # snapshot is rewritten only when the roster moves and each beat carries the load (a
+        # busy cluster then builds, writes and fetches no node list per beat); None:
+        # rewritten on every change
         self._loads = loads
         # Deaths are judged on the sweep's own reads (that is what the bound is computed on);
         # the beat's reads, with the same rule, only decide whom placement may use.
@@ -165,22 +166,30 @@ class Membership:
     # -- presence ---------------------------------------------------------------------------
 
     async def _beat(self, *, first: bool = False) -> None:
-        snapshot = self._snapshot()
         busy: Mapping[str, int] | None = None
+        in_flight: int | None = None
         if self._loads is None:
+            snapshot = self._snapshot()
             encoded, digest = self._encoded(snapshot)
         else:
-            roster, busy = self._loads()
-            if roster != self._encoded_roster:
-                self._last_encoded = None  # the roster moved: encode this snapshot
-                self._encoded_roster = roster
-            encoded, digest = self._encoded(snapshot, reuse=True)
+            loads = self._loads()
+            busy, in_flight = loads.busy, loads.in_flight
+            if loads.roster != self._encoded_roster or self._last_encoded is None:
+                self._encoded_roster = loads.roster  # the roster moved: encode a new snapshot
+                snapshot = self._snapshot()
+                self._last_encoded = None
+                encoded, digest = self._encoded(snapshot)
+            else:
+                # The node list as stored: only loads moved, and they travel in the beat. A
+                # fresh snapshot here cost a pass over every node each beat under requests
+                # (20-40 ms of the loop at 3,334 nodes: the request p99 at 10,000 nodes).
+                snapshot, encoded, digest = self._last_encoded
         await self._publish_snapshot(encoded, digest)
         sent = self._clock()
         view = await self.coordination.presence_beat(
             registry.PRESENCE,
             self.me,
-            registry.encode_presence(snapshot, digest, busy),
+            registry.encode_presence(snapshot, digest, busy, in_flight),
             stall_after_s=self.timing.stall_gap_s,
             forget_after_s=FORGET_AFTER_S,
         )
@@ -214,14 +223,13 @@ class Membership:
             # The beat itself went through: only the placement view stays a beat older.
             log.warning("could not fetch the peers' snapshots: %s", exc)
 
-    def _encoded(self, snapshot: InstanceSnapshot, *, reuse: bool = False) -> tuple[bytes, str]:
+    def _encoded(self, snapshot: InstanceSnapshot) -> tuple[bytes, str]:
         """The snapshot's bytes and digest, made again only when it changed: an idle beat's
         snapshot is the previous one itself, or holds its very entries (``Owner.snapshot``),
         and comparing them by identity costs far less than encoding and hashing thousands of
-        them twice a second. ``reuse``: the last bytes whatever changed (the caller knows the
-        roster did not; loads travel in the beat)."""
+        them twice a second."""
         last = self._last_encoded
-        if last is not None and (reuse or last[0] is snapshot or _same_entries(last[0], snapshot)):
+        if last is not None and (last[0] is snapshot or _same_entries(last[0], snapshot)):
             return last[1], last[2]
         encoded = registry.encode_snapshot(snapshot)
         digest = registry.snapshot_digest(encoded)

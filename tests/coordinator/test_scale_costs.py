@@ -149,6 +149,22 @@ def test_serves_follows_local_nodes_and_peers_that_come_and_go() -> None:
     assert not machine.serves("local-model")
 
 
+def test_status_reads_the_served_models_from_the_pools_without_making_views() -> None:
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    machine.node_connected(connection("c-local", "local-model"), 0.0)
+    machine.set_peers([snapshot("B", 3)])
+
+    def all_views() -> list[NodeView]:
+        raise AssertionError("status made every node's view (O(nodes) per call)")
+
+    expected = {m for view in machine.views() for m in view.models}
+    machine.views = all_views  # type: ignore[method-assign]
+    assert cluster_view.served_models(machine) == sorted(expected) == ["local-model", "m"]
+    machine.node_disconnected("c-local", "test", 0.0)
+    machine.set_peers([])
+    assert cluster_view.served_models(machine) == []
+
+
 async def test_the_periodic_facts_refresh_writes_nodes_in_batches(autojump_clock: object) -> None:
     class Counting(MemoryCoordination):
         def __init__(self) -> None:
@@ -369,6 +385,13 @@ async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
         return m
 
     a, b = member("A", machine_a), member("B", machine_b)
+    built: list[int] = []  # snapshots A builds (each a pass over every node)
+
+    def counted_snapshot() -> InstanceSnapshot:
+        built.append(1)
+        return machine_a.snapshot()
+
+    a._snapshot = counted_snapshot
     writes: list[str] = []
     real_set = coordination.set
 
@@ -383,12 +406,14 @@ async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
     peer_view = b.peers()[0]
     remote = machine_b._remote_views()
     nodes = machine_a.owner.nodes
+    built.clear()
     for beat in range(5):  # a load change every beat
         conn = nodes.by_conn(f"c{beat}")
         assert conn is not None
         nodes.add_task(conn, f"t{beat}")
         await a._beat()
         await b._beat()
+    assert built == []  # no node list built by A's beats
     assert writes.count(registry.snapshot_key("A")) == 1  # no node list written again
     assert b.peers()[0] is peer_view  # nor fetched and decoded again
     assert machine_b._remote_views() is remote  # nor turned into new views
@@ -397,6 +422,14 @@ async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
     seen = {v.conn_id: v.in_flight for v in machine_b.views()}
     assert seen == {f"c{i}": int(i < 5) for i in range(100)}
     assert cluster_view.status(machine_b, {}, None)["in_flight"] == 0
+    # the requests in A's beat are those of now, not those of its stored snapshot
+    loads = machine_a.loads()
+    a._loads = lambda: registry.BeatLoads(loads.roster, loads.busy, 3)
+    await a._beat()
+    await b._beat()
+    assert b.peer_loads["A"].in_flight == 3 and built == []
+    assert cluster_view.status(machine_b, {}, None)["in_flight"] == 3
+    a._loads = machine_a.loads
     # a node leaving is a roster change: written once more
     machine_a.node_disconnected("c99", "test", 0.0)
     await a._beat()
