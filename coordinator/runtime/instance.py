@@ -82,7 +82,7 @@ from coordinator.runtime.node_heartbeats import NodeHeartbeats
 from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.node_socket import NodeSocket, serve_node_in
 from coordinator.runtime.node_telemetry import NodeTelemetry
-from coordinator.runtime.ownership import Ownership
+from coordinator.runtime.ownership import Ownership, refresh_turns
 from coordinator.runtime.rate_limit import check_rate_limit
 from coordinator.runtime.single_instance_lock import refuse_a_running_id
 from coordinator.runtime.supervision import Supervisor
@@ -154,7 +154,12 @@ class Instance:
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
         self.membership.on_peer_loads = self.machine.set_peer_loads
-        self.ownership = Ownership(coordination, self.instance_id, ttl_s=settings.owner_ttl_s)
+        self.ownership = Ownership(
+            coordination,
+            self.instance_id,
+            ttl_s=settings.owner_ttl_s,
+            turns=refresh_turns(settings.owner_ttl_s, settings.beat_s),
+        )
         self.admissions = Admissions(
             settings, coordination, self.machine, self.outbox, clock, self.metrics
         )

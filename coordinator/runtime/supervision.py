@@ -83,18 +83,14 @@ class Supervisor:
 
     async def check_ownership(self) -> None:
         """Every beat, one read of our nodes' owner records (a replace envelope lost on the
-        bus cannot leave an identity live on two instances); a third of the owner TTL, a
-        refresh of each record."""
+        bus cannot leave an identity live on two instances) when a claim moved them, and a
+        refresh of the records whose turn it is (each once in a third of the owner TTL)."""
         instance = self.instance
-        refresh_every = self.settings.owner_ttl_s / 3
-        last_refresh = instance.clock()
         while True:
             await trio.sleep(self.settings.beat_s)
             try:
                 lost = await instance.ownership.owned_elsewhere(instance.nodes.connections())
-                if instance.clock() - last_refresh >= refresh_every:
-                    last_refresh = instance.clock()
-                    lost += await instance.ownership.confirm_all(instance.nodes.connections())
+                lost += await instance.ownership.confirm_turn(instance.nodes.by_conn)
             except CoordinationUnavailable as exc:
                 log.warning("could not check node ownership: %s", exc)
                 continue

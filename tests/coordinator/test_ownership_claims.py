@@ -12,7 +12,7 @@ import trio.testing
 from coordinator.coordination.memory import MemoryCoordination
 from coordinator.core import registry
 from coordinator.core.node_table import NodeConnection
-from coordinator.runtime.ownership import Ownership
+from coordinator.runtime.ownership import Ownership, refresh_turns
 
 
 def conn(node_id: str, conn_id: str) -> NodeConnection:
@@ -147,3 +147,39 @@ async def test_a_lost_store_resets_the_counter_and_the_records_are_read_again() 
         assert coord.record_reads == 2
         assert await coord.get(registry.owner_key("n1")) == registry.owner_value("I0", "c1")
         nursery.cancel_scope.cancel()
+
+
+class CountedRefreshes(MemoryCoordination):
+    """Counts the records each batched refresh touches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refreshed: list[list[str]] = []
+
+    async def refresh_many(self, items: Sequence[tuple[str, bytes]], ttl_s: float) -> list[bool]:
+        self.refreshed.append([key for key, _ in items])
+        return await super().refresh_many(items, ttl_s)
+
+
+async def test_each_beat_refreshes_its_share_and_every_record_once_per_period() -> None:
+    """The refresh of a third of the owner TTL is dealt over its beats (a script over every
+    record at once stopped the loop for tens of ms at thousands of nodes)."""
+    coord = CountedRefreshes()
+    ownership = Ownership(coord, "I0", ttl_s=15.0, turns=refresh_turns(15.0, 0.5))
+    assert refresh_turns(15.0, 0.5) == 10 and refresh_turns(1.0, 0.5) == 1
+    conns = {f"c{i}": conn(f"n{i}", f"c{i}") for i in range(100)}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ownership.run)
+        for c in conns.values():
+            nursery.start_soon(ownership.claim, c)
+        await trio.testing.wait_all_tasks_blocked()
+        await ownership.release("n7", "c7")  # a connection gone is no longer refreshed
+        for _ in range(20):  # two refresh periods
+            assert await ownership.confirm_turn(conns.get) == []
+        nursery.cancel_scope.cancel()
+    assert max(len(keys) for keys in coord.refreshed) <= 10
+    assert len(coord.refreshed) == 20
+    first, second = coord.refreshed[:10], coord.refreshed[10:]
+    expected = sorted(registry.owner_key(f"n{i}") for i in range(100) if i != 7)
+    assert sorted(k for keys in first for k in keys) == expected
+    assert second == first
