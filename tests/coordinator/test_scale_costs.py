@@ -165,6 +165,17 @@ def test_status_reads_the_served_models_from_the_pools_without_making_views() ->
     assert cluster_view.served_models(machine) == []
 
 
+def test_an_unchanged_ratings_refresh_keeps_the_peers_views() -> None:
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(1))
+    machine.set_peers([snapshot("B", 3)])
+    machine.set_ratings({"B-n0": (4.0, 2)})
+    views = machine._remote_views()
+    machine.set_ratings({"B-n0": (4.0, 2)})  # the periodic re-read, nothing rated meanwhile
+    assert machine._remote_views() is views
+    machine.set_ratings({"B-n0": (5.0, 3)})
+    assert machine._remote_views() is not views
+
+
 async def test_the_periodic_facts_refresh_writes_nodes_in_batches(autojump_clock: object) -> None:
     class Counting(MemoryCoordination):
         def __init__(self) -> None:
