@@ -14,7 +14,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from coordinator import gc_tuning
+from coordinator import gc_tuning, heap_trim
 from coordinator.app import create_app, run_instance
 from coordinator.core.liveness import FAILOVER_PROMISE_S
 from coordinator.errors import SettingsError, StartupRefused, StoreError
@@ -76,6 +76,7 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
     check_monitor_bound(settings)
     check_port_free(host, port)
     gc_tuning.tune()  # thousands of connections: see coordinator/gc_tuning.py
+    heap_trim.one_arena()  # before any thread starts: see coordinator/heap_trim.py
     app = create_app(settings)
     config = hypercorn_config(host, port)
 
@@ -92,6 +93,12 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
                     return
 
         stop = trio.Event()
+        trimming = trio.CancelScope()
+
+        async def trim_heap() -> None:
+            with trimming:
+                await heap_trim.run()
+
         async with trio.open_nursery() as nursery:
             instance = await nursery.start(partial(run_instance, settings, stop=stop))
             app.config["GEMMANET_INSTANCE"] = instance
@@ -99,6 +106,8 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
             gc_tuning.pauses.append(instance.metrics.gc_pause)
             gc_tuning.freeze_startup()
             nursery.start_soon(watch_signals)
+            # Free memory of the C heaps goes back to the OS (coordinator/heap_trim.py).
+            nursery.start_soon(trim_heap)
             try:
                 await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
             except* OSError as group:
@@ -108,6 +117,7 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
                 raise StartupRefused(f"cannot listen on {host}:{port}: {reason}") from None
             # A graceful stop: the instance leaves and releases its lock, within a bound.
             watching.cancel()
+            trimming.cancel()
             stop.set()
             nursery.cancel_scope.deadline = trio.current_time() + 6
 
