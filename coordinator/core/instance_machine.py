@@ -146,7 +146,7 @@ class InstanceMachine:
     def served_models(self) -> set[str]:
         """Models a connected node (here or on a live peer) serves, from the per-model pools:
         no view is made (``/api/v1/status`` asks on every call)."""
-        return set(self.owner.nodes.models()) | set(self._remote_views().by_model)
+        return self.owner.nodes.models() | self._remote_views().by_model.keys()
 
     def _remote_views(self) -> _RemoteViews:
         if self._remote is None:

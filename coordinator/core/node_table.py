@@ -127,9 +127,9 @@ class NodeTable:
                 if not pool:
                     del self._serving[model]
 
-    def models(self) -> list[str]:
+    def models(self) -> set[str]:
         """The models some connection here serves."""
-        return list(self._serving)
+        return set(self._serving)
 
     def serving(self, model: str) -> Pool[NodeConnection]:
         """The connections serving ``model``, in no particular order (an empty pool if none)."""
