@@ -1,7 +1,8 @@
 """GemmaNet wire protocol, sans-IO.
 
 Envelopes (frozen msgspec Structs, one class per message type) for the node WebSocket protocol
-and for the instance bus, their field limits (``constraints``), a versioned codec, the per-
+and for the instance bus, what a task carries in v2 (``conversation``: messages, options, usage,
+finish reason, timings), their field limits (``constraints``), a versioned codec, the per-
 connection state machine ``NodeSession``, the ProtocolError hierarchy, and the codes that travel
 on the wire (``codes``: WebSocket close codes, task error codes), and the host telemetry
 sample a heartbeat may carry (``telemetry``). Nothing in this
@@ -19,6 +20,7 @@ from protocol.codec import (
     decode_bus,
     decode_node,
     encode,
+    task_content_bytes,
     text_bytes,
 )
 from protocol.codes import BUSY_CODES, FINAL_CLOSE_CODES, CloseCode, TaskErrorCode
@@ -31,7 +33,22 @@ from protocol.constraints import (
     MAX_TIMEOUT_S,
     is_identifier,
 )
+from protocol.conversation import (
+    FINISH_REASONS,
+    MAX_MESSAGES,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    MAX_TOKENS_LIMIT,
+    ROLES,
+    FinishReason,
+    Message,
+    Options,
+    Timings,
+    Usage,
+    transcript,
+)
 from protocol.envelopes import (
+    VERSIONS,
     Assign,
     BusAccepted,
     BusAssign,
@@ -52,6 +69,8 @@ from protocol.envelopes import (
     Result,
     TaskFailure,
     Welcome,
+    lowest_version,
+    stamped,
 )
 from protocol.errors import (
     EnvelopeTooLarge,
@@ -67,18 +86,25 @@ from protocol.telemetry import TelemetrySample, encode_sample, parse_sample
 __all__ = [
     "BUSY_CODES",
     "FINAL_CLOSE_CODES",
+    "FINISH_REASONS",
     "IDENTIFIER_PATTERN",
     "MAX_ENVELOPE_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_IDENTIFIER_LENGTH",
+    "MAX_MESSAGES",
     "MAX_MODELS",
     "MAX_MODEL_NAME_LENGTH",
     "MAX_OUTPUT_BYTES",
     "MAX_PARALLEL",
     "MAX_PROMPT_BYTES",
+    "MAX_STOP_LENGTH",
+    "MAX_STOP_STRINGS",
     "MAX_TIMEOUT_S",
+    "MAX_TOKENS_LIMIT",
     "PROTOCOL_VERSION",
+    "ROLES",
     "TASK_FRAMING_BYTES",
+    "VERSIONS",
     "Assign",
     "BusAccepted",
     "BusAssign",
@@ -95,12 +121,15 @@ __all__ = [
     "CloseCode",
     "EnvelopeTooLarge",
     "Error",
+    "FinishReason",
     "Heartbeat",
     "Hello",
     "LocalProtocolError",
     "MalformedEnvelope",
+    "Message",
     "NodeEnvelope",
     "NodeSession",
+    "Options",
     "ProtocolError",
     "Result",
     "Role",
@@ -108,14 +137,20 @@ __all__ = [
     "TaskErrorCode",
     "TaskFailure",
     "TelemetrySample",
+    "Timings",
     "UnexpectedEnvelope",
     "UnsupportedVersion",
+    "Usage",
     "Welcome",
     "decode_bus",
     "decode_node",
     "encode",
     "encode_sample",
     "is_identifier",
+    "lowest_version",
     "parse_sample",
+    "stamped",
+    "task_content_bytes",
     "text_bytes",
+    "transcript",
 ]

@@ -6,7 +6,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from protocol.envelopes import VERSION, BusEnvelope, NodeEnvelope
+from protocol.conversation import Message, Options
+from protocol.envelopes import VERSION, VERSIONS, BusEnvelope, NodeEnvelope, content_problem
 from protocol.errors import EnvelopeTooLarge, MalformedEnvelope, UnsupportedVersion
 
 PROTOCOL_VERSION = VERSION
@@ -17,13 +18,15 @@ MAX_ENVELOPE_BYTES = 1024 * 1024
 # max_message_size), both sides. A little above the envelope limit so that an oversized envelope
 # is refused by the codec with 4002 and a message saying so, not by the transport with 1009.
 MAX_FRAME_BYTES = MAX_ENVELOPE_BYTES + 1024
-# Room for everything of a task-carrying envelope except its prompt, in the worst case: the
-# bus.assign (a superset of assign) with three identifiers and reply_to (an instance id) of 128
-# characters each, a 200-character model name whose every character is escaped as \u00XX
-# (1,200 bytes), field names and a float. About 2 KiB; tests/protocol/test_codec.py checks it.
+# Room for everything of a task-carrying envelope except its content (prompt or messages, and
+# options), in the worst case: the bus.assign (a superset of assign) with three identifiers and
+# reply_to (an instance id) of 128 characters each, a 200-character model name whose every
+# character is escaped as \u00XX (1,200 bytes), field names and a float. About 2 KiB;
+# tests/protocol/test_codec.py checks it.
 TASK_FRAMING_BYTES = 4096
-# The largest prompt, in bytes as encoded in an envelope (UTF-8, JSON escapes, no quotes), that
-# fits in an assign and a bus.assign. The HTTP API refuses larger prompts with 413 before they are
+# The largest task content (``task_content_bytes``: a prompt in bytes as encoded in an envelope,
+# UTF-8, JSON escapes, no quotes; or the encoded messages; plus the encoded options) that fits
+# in an assign and a bus.assign. The HTTP API refuses larger prompts with 413 before they are
 # placed, so no client input can make an envelope a node (or a peer instance) refuses.
 MAX_PROMPT_BYTES = MAX_ENVELOPE_BYTES - TASK_FRAMING_BYTES
 # The same bound on what a node answers: a result's output (the whole output, also of a streamed
@@ -58,6 +61,21 @@ def text_bytes(text: str) -> int:
     return len(_encoder.encode(text)) - 2
 
 
+def task_content_bytes(
+    prompt: str | None, messages: list[Message] | None, options: Options | None
+) -> int:
+    """How many bytes a task's content (its prompt or messages, and its options) takes inside
+    an assign: compare with MAX_PROMPT_BYTES. The v1 transcript of the same messages is never
+    longer than their encoding (each message's JSON framing outweighs its ``role: `` line), so
+    a task that fits, fits for a v1 node too."""
+    size = text_bytes(prompt) if prompt is not None else 0
+    if messages is not None:
+        size += len(_encoder.encode(messages))
+    if options is not None:
+        size += len(_encoder.encode(options))
+    return size
+
+
 def _as_bytes(data: object) -> bytes:
     if isinstance(data, str):
         # surrogatepass: a str with lone surrogates (e.g. from a lax JSON layer) must become a
@@ -83,14 +101,18 @@ def _decode(data: bytes | str, decoder: msgspec.json.Decoder[T], limit: int) -> 
         raise MalformedEnvelope(f"not an envelope: {exc!r}") from None
     if header.v is msgspec.UNSET:
         raise MalformedEnvelope("envelope has no version field 'v'")
-    if type(header.v) is not int or header.v != VERSION:
+    if type(header.v) is not int or header.v not in VERSIONS:
         raise UnsupportedVersion(header.v, VERSION)
     try:
-        return decoder.decode(raw)
+        envelope = decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedEnvelope(f"invalid envelope: {exc}") from None
     except Exception as exc:  # noqa: BLE001
         raise MalformedEnvelope(f"invalid envelope: {exc!r}") from None
+    problem = content_problem(envelope)  # type: ignore[arg-type]
+    if problem is not None:
+        raise MalformedEnvelope(f"invalid envelope: {problem}")
+    return envelope
 
 
 def decode_node(data: bytes | str, *, limit: int = MAX_ENVELOPE_BYTES) -> NodeEnvelope:

@@ -35,6 +35,8 @@ MAX_VRAM_GB = 1_000_000.0
 # Counters (seq, chunks, in_flight) stay exact in an IEEE double, so any peer language reads
 # them unchanged.
 MAX_COUNT = 2**53 - 1
+# Protocol versions a hello may list.
+MAX_PROTOCOLS = 8
 
 Identifier = Annotated[
     str,

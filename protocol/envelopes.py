@@ -1,4 +1,4 @@
-"""Envelope types of protocol v1.
+"""Envelope types of protocols v1 and v2.
 
 Two families share one codec:
 
@@ -6,18 +6,28 @@ Two families share one codec:
   owns its connection;
 * the instance bus, spoken between coordinator instances over Redis pub/sub (or streams).
 
-Every envelope is a frozen Struct tagged by ``type``; the version travels in ``v``.
+Every envelope is a frozen Struct tagged by ``type``; the version travels in ``v``: the lowest
+protocol version that defines every field the envelope uses (``lowest_version``), so that a
+peer of that version can read it. Version 2 adds conversations, sampling options, usage, the
+finish reason and timings (``protocol.conversation``) to the task envelopes; every other
+envelope is the same in both and travels as v1. A node says in its hello which versions it
+speaks (``Hello.protocols``; the hello itself is v1, so any coordinator reads it), and the
+welcome's ``v`` is the version chosen for the connection.
+
 Unknown extra fields are ignored on decode so a newer minor peer can add fields.
-Field limits live in ``protocol.constraints`` and are enforced at decode time only.
+Field limits live in ``protocol.constraints`` and ``protocol.conversation`` and are enforced at
+decode time only.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Annotated, TypeAlias, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from protocol.constraints import (
+    MAX_PROTOCOLS,
     AgentVersion,
     Count,
     ErrorCode,
@@ -31,12 +41,19 @@ from protocol.constraints import (
     Token,
     VramGb,
 )
+from protocol.conversation import FinishReason, Messages, Options, Timings, Usage
 
-VERSION = 1
+#: the versions this side speaks; ``VERSION`` is the newest
+VERSIONS = (1, 2)
+VERSION = 2
+#: what an envelope says when it uses nothing of v2 (the default of every envelope)
+BASE_VERSION = 1
+
+E = TypeVar("E", bound="_Envelope")
 
 
 class _Envelope(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
-    v: int = VERSION
+    v: int = BASE_VERSION
 
 
 # --- node protocol -----------------------------------------------------------------------------
@@ -51,18 +68,35 @@ class Hello(_Envelope, tag="hello", frozen=True, kw_only=True):
     max_parallel: ParallelSlots = 1
     vram_gb: VramGb | None = None
     agent_version: AgentVersion = ""
+    #: the protocol versions the node speaks (absent: only ``v``, i.e. an old v1 node). A v1
+    #: field extension: a v1 coordinator ignores it and welcomes the node at v1.
+    protocols: (
+        Annotated[
+            list[Annotated[int, Meta(ge=1, le=1000)]], Meta(min_length=1, max_length=MAX_PROTOCOLS)
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+
+    def speaks(self) -> frozenset[int]:
+        """The versions the node speaks."""
+        return (
+            frozenset(self.protocols)
+            if self.protocols is not msgspec.UNSET
+            else frozenset({self.v})
+        )
 
     def __repr__(self) -> str:
         # Envelopes end up in logs and tracebacks; the node's credential must not.
         return (
             f"Hello(v={self.v!r}, node_id={self.node_id!r}, token='***', models={self.models!r},"
             f" max_parallel={self.max_parallel!r}, vram_gb={self.vram_gb!r},"
-            f" agent_version={self.agent_version!r})"
+            f" agent_version={self.agent_version!r}, protocols={self.protocols!r})"
         )
 
 
 class Welcome(_Envelope, tag="welcome", frozen=True, kw_only=True):
-    """coordinator -> node, the hello was accepted."""
+    """coordinator -> node, the hello was accepted. Its ``v`` is the connection's protocol
+    version: the newest the node's hello lists that the coordinator speaks."""
 
     instance_id: Identifier
     conn_id: Identifier
@@ -87,13 +121,16 @@ class Heartbeat(_Envelope, tag="heartbeat", frozen=True, kw_only=True):
 
 
 class Assign(_Envelope, tag="assign", frozen=True, kw_only=True):
-    """coordinator -> node: run this task."""
+    """coordinator -> node: run this task, on ``prompt`` (v1 and v2) or ``messages`` (v2),
+    exactly one of them, with ``options`` (v2)."""
 
     task_id: Identifier
     model: ModelName
-    prompt: str
+    prompt: str | None = None
     stream: bool = False
     timeout_s: TimeoutS = 120.0
+    messages: Messages | msgspec.UnsetType = msgspec.UNSET
+    options: Options | msgspec.UnsetType = msgspec.UNSET
 
 
 class Chunk(_Envelope, tag="chunk", frozen=True, kw_only=True):
@@ -105,11 +142,15 @@ class Chunk(_Envelope, tag="chunk", frozen=True, kw_only=True):
 
 
 class Result(_Envelope, tag="result", frozen=True, kw_only=True):
-    """node -> coordinator: the task's whole output; ``chunks`` is how many chunks preceded it."""
+    """node -> coordinator: the task's whole output; ``chunks`` is how many chunks preceded it.
+    v2: what the model server reported of it (any of them may be absent)."""
 
     task_id: Identifier
     output: str
     chunks: Count = 0
+    usage: Usage | msgspec.UnsetType = msgspec.UNSET
+    finish_reason: FinishReason | msgspec.UnsetType = msgspec.UNSET
+    timings: Timings | msgspec.UnsetType = msgspec.UNSET
 
 
 class Error(_Envelope, tag="error", frozen=True, kw_only=True):
@@ -147,11 +188,13 @@ class BusAssign(_Envelope, tag="bus.assign", frozen=True, kw_only=True):
     node_id: Identifier
     conn_id: Identifier
     model: ModelName
-    prompt: str
+    prompt: str | None = None
     stream: bool = False
     timeout_s: TimeoutS = 120.0
     # The requester's instance id; bounded like every id, so MAX_PROMPT_BYTES can be derived.
     reply_to: Identifier
+    messages: Messages | msgspec.UnsetType = msgspec.UNSET
+    options: Options | msgspec.UnsetType = msgspec.UNSET
 
 
 class BusChunk(_Envelope, tag="bus.chunk", frozen=True, kw_only=True):
@@ -173,6 +216,9 @@ class BusResult(_Envelope, tag="bus.result", frozen=True, kw_only=True):
     output: str | None = None
     chunks: Count = 0
     failure: TaskFailure | None = None
+    usage: Usage | msgspec.UnsetType = msgspec.UNSET
+    finish_reason: FinishReason | msgspec.UnsetType = msgspec.UNSET
+    timings: Timings | msgspec.UnsetType = msgspec.UNSET
 
 
 class BusNodeGone(_Envelope, tag="bus.node_gone", frozen=True, kw_only=True):
@@ -237,3 +283,43 @@ BusEnvelope: TypeAlias = (
     | BusCancel
     | BusWake
 )
+
+
+# --- versions ----------------------------------------------------------------------------------
+
+_TaskIn = Assign | BusAssign
+_TaskOut = Result | BusResult
+
+
+def lowest_version(envelope: msgspec.Struct) -> int:
+    """The lowest protocol version defining every field ``envelope`` uses."""
+    if isinstance(envelope, _TaskIn):
+        if envelope.messages is not msgspec.UNSET or envelope.options is not msgspec.UNSET:
+            return 2
+    elif isinstance(envelope, _TaskOut) and (
+        envelope.usage is not msgspec.UNSET
+        or envelope.finish_reason is not msgspec.UNSET
+        or envelope.timings is not msgspec.UNSET
+    ):
+        return 2
+    return BASE_VERSION
+
+
+def stamped(envelope: E) -> E:
+    """``envelope`` with ``v`` set to its ``lowest_version``: what every sender sends."""
+    version = lowest_version(envelope)
+    return envelope if envelope.v == version else msgspec.structs.replace(envelope, v=version)
+
+
+def content_problem(envelope: msgspec.Struct) -> str | None:
+    """Why a decoded envelope is invalid beyond its field types, or None. A task envelope
+    carries exactly one of ``prompt`` and ``messages``; no envelope uses fields newer than
+    its ``v`` (a reader of that version would misread it)."""
+    if isinstance(envelope, _TaskIn):
+        has_messages = envelope.messages is not msgspec.UNSET
+        if has_messages == (envelope.prompt is not None):
+            return "a task carries exactly one of 'prompt' and 'messages'"
+    needed = lowest_version(envelope)
+    if needed > envelope.v:  # type: ignore[attr-defined]
+        return f"fields of protocol v{needed} in a v{envelope.v} envelope"  # type: ignore[attr-defined]
+    return None

@@ -42,7 +42,7 @@ class UnsupportedVersion(ProtocolError):
     def __init__(self, received: object, supported: int) -> None:
         super().__init__(
             f"unsupported protocol version {_short_repr(received)};"
-            f" this side speaks version {supported}"
+            f" this side speaks versions 1 to {supported}"
         )
         self.received = received
         self.supported = supported

@@ -10,6 +10,11 @@ what may travel: the node sends Hello and waits for Welcome; the coordinator wai
 authenticates while in AWAITING_WELCOME, then sends Welcome. Error may travel whenever a peer
 needs to explain itself before closing, except as the node's first envelope (that is Hello).
 
+The hello lists the protocol versions the node speaks; the coordinator's session picks the
+newest both speak (``version``) and stamps it on the welcome, and the node's session checks the
+welcome's version is one it offered. A hello with nothing in common is refused
+(``UnsupportedVersion``, close 4002).
+
 Task bookkeeping (which task ids are live, chunk order) stays with the coordinator: after a
 Cancel a node may legitimately still deliver a Result, so the session cannot judge that.
 """
@@ -24,6 +29,8 @@ import msgspec
 
 from protocol.codec import MAX_ENVELOPE_BYTES, decode_node, encode
 from protocol.envelopes import (
+    VERSION,
+    VERSIONS,
     Assign,
     Cancel,
     Chunk,
@@ -34,7 +41,12 @@ from protocol.envelopes import (
     Result,
     Welcome,
 )
-from protocol.errors import LocalProtocolError, ProtocolError, UnexpectedEnvelope
+from protocol.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    UnexpectedEnvelope,
+    UnsupportedVersion,
+)
 
 Role = Literal["coordinator", "node"]
 
@@ -82,6 +94,9 @@ class NodeSession:
         # Kept because the shell needs them for the whole connection (node_id, models, interval).
         self.hello: Hello | None = None
         self.welcome: Welcome | None = None
+        #: the connection's protocol version, once the hello (coordinator) or the welcome
+        #: (node) fixed it
+        self.version: int | None = None
         self._may_send = _FROM_COORDINATOR if role == "coordinator" else _FROM_NODE
         self._may_receive = _FROM_NODE if role == "coordinator" else _FROM_COORDINATOR
 
@@ -105,6 +120,10 @@ class NodeSession:
                     f" {self.role} session is {self.state.value}",
                     envelope,
                 )
+            if isinstance(envelope, Hello):
+                self.version = _common_version(envelope)
+            elif isinstance(envelope, Welcome):
+                self._check_welcome_version(envelope)
         except ProtocolError:
             self.state = SessionState.CLOSED
             raise
@@ -113,8 +132,17 @@ class NodeSession:
             self.state = SessionState.AWAITING_WELCOME
         elif isinstance(envelope, Welcome):
             self.welcome = envelope
+            self.version = envelope.v
             self.state = SessionState.READY
         return envelope
+
+    def _check_welcome_version(self, welcome: Welcome) -> None:
+        offered = self.hello.speaks() if self.hello is not None else frozenset({welcome.v})
+        if welcome.v not in offered:
+            raise UnexpectedEnvelope(
+                f"the coordinator chose protocol v{welcome.v}; the hello offered {sorted(offered)}",
+                welcome,
+            )
 
     def send(self, envelope: NodeEnvelope) -> bytes:
         """Check that this side may send ``envelope`` now, encode it and advance the state.
@@ -129,6 +157,14 @@ class NodeSession:
                 f"a {self.role} may not send {_tag(envelope)!r} while its session is"
                 f" {self.state.value}"
             )
+        if isinstance(envelope, Hello) and not envelope.speaks() & frozenset(VERSIONS):
+            raise LocalProtocolError(
+                f"a hello offering protocols {sorted(envelope.speaks())} offers none this side"
+                f" speaks ({list(VERSIONS)})"
+            )
+        if isinstance(envelope, Welcome) and self.version is not None:
+            # The welcome says which version the connection speaks from now on.
+            envelope = msgspec.structs.replace(envelope, v=self.version)
         data = self._encode_checked(envelope)
         if isinstance(envelope, Hello):
             self.hello = envelope
@@ -161,3 +197,10 @@ class NodeSession:
             # e.g. a str with lone surrogates, or a field of a type msgspec cannot encode.
             raise LocalProtocolError(f"cannot encode {_tag(envelope)!r}: {exc}") from exc
         return data
+
+
+def _common_version(hello: Hello) -> int:
+    common = hello.speaks() & frozenset(VERSIONS)
+    if not common:
+        raise UnsupportedVersion(sorted(hello.speaks()), VERSION)
+    return max(common)

@@ -384,7 +384,7 @@ class World:
                             instance=sim.name,
                             node=handle.node_id,
                         )
-                        output = await handle.result()
+                        output = (await handle.result()).output
                     end("ok", node=handle.node_id, output=output)
                 except GemmaNetError as exc:
                     end(exc.code)

@@ -109,8 +109,8 @@ def register_openai_routes(app: Quart) -> None:
             stream=False,
             timeout_s=body.timeout_s,
         ) as handle:
-            output = await handle.result()
-        choice = CompletionChoice(message=AssistantMessage(content=output))
+            done = await handle.result()
+        choice = CompletionChoice(message=AssistantMessage(content=done.output))
         completion = ChatCompletion(
             id=completion_id(handle.task_id),
             created=created,

@@ -181,9 +181,9 @@ def register_routes(app: Quart) -> None:
             stream=False,
             timeout_s=body.timeout_s,
         ) as handle:
-            output = await handle.result()
+            done = await handle.result()
         return json_response(
-            TaskResponse(task_id=handle.task_id, node_id=handle.node_id, output=output)
+            TaskResponse(task_id=handle.task_id, node_id=handle.node_id, output=done.output)
         )
 
     @app.post("/api/v1/tasks/<task_id>/rating")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from coordinator.errors import GemmaNetError
-from protocol import Assign, BusAssign, BusEnvelope, Cancel
+from protocol import Assign, BusAssign, BusEnvelope, BusResult, Cancel, FinishReason, Timings, Usage
 
 # -- what a request sees ----------------------------------------------------------------------
 
@@ -22,7 +24,25 @@ class ChunkEvent:
 
 @dataclass(frozen=True, slots=True)
 class DoneEvent:
+    """The task's whole output, and what its model server reported of it (None: not said,
+    by a v1 node or a server that does not count)."""
+
     output: str
+    usage: Usage | None = None
+    finish_reason: FinishReason | None = None
+    timings: Timings | None = None
+
+    @classmethod
+    def of(cls, result: BusResult) -> DoneEvent:
+        def given(value: object) -> object:
+            return None if value is msgspec.UNSET else value
+
+        return cls(
+            result.output or "",
+            given(result.usage),  # type: ignore[arg-type]
+            given(result.finish_reason),  # type: ignore[arg-type]
+            given(result.timings),  # type: ignore[arg-type]
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ class NodeConnection:
     #: silent this long, the node is dropped (three of the heartbeat intervals it was told);
     #: 0: the instance's deadline for all nodes (``silent``'s ``deadline_s``)
     silent_after_s: float = 0.0
+    #: the protocol version its welcome fixed: a v1 node gets a conversation as a transcript
+    protocol: int = 1
 
     @property
     def in_flight(self) -> int:

@@ -21,9 +21,9 @@ from coordinator.core.effects import (
 from coordinator.core.forwarding import Forward, ForwardingTable
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
+from coordinator.core.task_content import assign_for
 from coordinator.core.tracker import Verdict
 from protocol import (
-    Assign,
     BusAccepted,
     BusAssign,
     BusChunk,
@@ -38,6 +38,7 @@ from protocol import (
     Result,
     TaskErrorCode,
     TaskFailure,
+    stamped,
 )
 
 # How long a reply that is not tied to a task's deadline keeps being retried on the bus.
@@ -132,12 +133,17 @@ class Owner:
             self.forwarding.remove(task_id)
             self.nodes.end_task(conn, task_id)
             if isinstance(envelope, Result):
-                out = BusResult(
-                    task_id=task_id,
-                    node_id=conn.node_id,
-                    conn_id=conn_id,
-                    output=envelope.output,
-                    chunks=envelope.chunks,
+                out = stamped(
+                    BusResult(
+                        task_id=task_id,
+                        node_id=conn.node_id,
+                        conn_id=conn_id,
+                        output=envelope.output,
+                        chunks=envelope.chunks,
+                        usage=envelope.usage,
+                        finish_reason=envelope.finish_reason,
+                        timings=envelope.timings,
+                    )
                 )
             else:
                 failure = TaskFailure(code=envelope.code, message=envelope.message)
@@ -174,13 +180,7 @@ class Owner:
             )
         )
         self.nodes.add_task(conn, envelope.task_id)
-        assign = Assign(
-            task_id=envelope.task_id,
-            model=envelope.model,
-            prompt=envelope.prompt,
-            stream=envelope.stream,
-            timeout_s=envelope.timeout_s,
-        )
+        assign = assign_for(conn.protocol, envelope)
         accepted = BusAccepted(task_id=envelope.task_id, conn_id=conn.conn_id)
         return [
             SendToNode(conn.conn_id, assign),

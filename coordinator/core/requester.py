@@ -45,12 +45,10 @@ from coordinator.errors import (
     NodeDisconnected,
     NodeFailed,
     NoNodeForModel,
-    PayloadTooLarge,
     TaskTimedOut,
 )
 from protocol import (
     BUSY_CODES,
-    MAX_PROMPT_BYTES,
     Assign,
     BusAccepted,
     BusAssign,
@@ -60,7 +58,7 @@ from protocol import (
     BusRefused,
     BusResult,
     TaskErrorCode,
-    text_bytes,
+    stamped,
 )
 
 # An upper bound on placements of one task (each one excludes a node, so this only matters
@@ -77,17 +75,6 @@ def failure_error(node_id: str, code: str, message: str) -> GemmaNetError:
     if code == TaskErrorCode.NODE_DISCONNECTED:
         return NodeDisconnected(message)
     return NodeFailed(f"node {node_id} failed the task ({code}): {message}")
-
-
-def check_prompt_fits(prompt: str) -> None:
-    """Refuse, before placing it, a prompt whose assign a node (or a peer instance's bus) would
-    refuse: sent anyway, it would close the node's connection and fail every task on it."""
-    size = text_bytes(prompt)
-    if size > MAX_PROMPT_BYTES:
-        raise PayloadTooLarge(
-            f"prompt is {size:,} bytes (UTF-8, JSON-escaped); at most {MAX_PROMPT_BYTES:,}"
-            " bytes fit in a task sent to a node"
-        )
 
 
 def no_node_serves(model: str) -> NoNodeForModel:
@@ -242,15 +229,19 @@ class Requester:
         )
         request.placements += 1
         request.dispatching = True
-        envelope = BusAssign(
-            task_id=assign.task_id,
-            node_id=view.node_id,
-            conn_id=view.conn_id,
-            model=assign.model,
-            prompt=assign.prompt,
-            stream=assign.stream,
-            timeout_s=assign.timeout_s,
-            reply_to=self.me,
+        envelope = stamped(
+            BusAssign(
+                task_id=assign.task_id,
+                node_id=view.node_id,
+                conn_id=view.conn_id,
+                model=assign.model,
+                prompt=assign.prompt,
+                stream=assign.stream,
+                timeout_s=assign.timeout_s,
+                reply_to=self.me,
+                messages=assign.messages,
+                options=assign.options,
+            )
         )
         return [Dispatch(view.instance_id, envelope, request.placements)]
 
@@ -371,7 +362,7 @@ class Requester:
     def result(self, envelope: BusResult, now: float) -> list[Effect]:
         task_id, failure = envelope.task_id, envelope.failure
         if failure is None:
-            return self._finish(task_id, envelope.conn_id, DoneEvent(envelope.output or ""))
+            return self._finish(task_id, envelope.conn_id, DoneEvent.of(envelope))
         error = failure_error(envelope.node_id, failure.code, failure.message)
         request = self._requests.get(task_id)
         task = self.tracker.get(task_id)

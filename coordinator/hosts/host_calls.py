@@ -24,6 +24,7 @@ import trio
 from coordinator.capacity import HostSpec
 from coordinator.core.direct_hosts import host_conn_id
 from coordinator.core.effects import CallHost
+from coordinator.core.task_content import assign_for
 from coordinator.core.tracker import MAX_STREAMED_CHARS
 from coordinator.hosts.host_client import HostError, ollama_generate, openai_generate
 from protocol import BusChunk, BusResult, TaskErrorCode, TaskFailure
@@ -136,4 +137,5 @@ class HostCalls:
         assert self._client is not None
         spec = self._hosts[effect.host_id]
         generate = ollama_generate if spec.kind == "ollama" else openai_generate
-        return generate(self._client, spec.url, effect.envelope.model, effect.envelope.prompt)
+        prompt = assign_for(1, effect.envelope).prompt or ""
+        return generate(self._client, spec.url, effect.envelope.model, prompt)

@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import msgspec
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
@@ -60,7 +61,7 @@ from coordinator.core.effects import (
 )
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.core.requester import check_prompt_fits
+from coordinator.core.task_content import check_content_fits
 from coordinator.errors import (
     CoordinationDown,
     GemmaNetError,
@@ -96,6 +97,8 @@ from protocol import (
     Error,
     Heartbeat,
     Hello,
+    Message,
+    Options,
     ProtocolError,
     decode_bus,
     encode,
@@ -353,7 +356,7 @@ class Instance:
         assert self._nursery is not None, "the instance is not running"
         await serve_node_in(self._nursery, self, socket)
 
-    async def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection:
+    async def attach_node(self, hello: Hello, link: NodeLink, protocol: int = 1) -> NodeConnection:
         """Register an authenticated connection; an older one of the same identity (here or on
         any instance) is closed with 4000. Raises CoordinationUnavailable when ownership
         cannot be recorded (the node retries later)."""
@@ -371,6 +374,7 @@ class Instance:
             agent_version=hello.agent_version,
             connected_at=self._wall_clock(),
             last_seen=now,
+            protocol=protocol,
         )
         # Leases are checked against these facts: they exist before anybody can place here.
         await self.node_facts.write_now(conn)
@@ -436,15 +440,26 @@ class Instance:
         await check_rate_limit(self.coordination, self.settings.rate_limit, key_id)
 
     async def start_task(
-        self, *, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
+        self,
+        *,
+        key_id: str,
+        model: str,
+        prompt: str | None = None,
+        messages: list[Message] | None = None,
+        options: Options | None = None,
+        stream: bool,
+        timeout_s: float | None,
     ) -> TaskHandle:
         """Place a task on a node and send it there. The caller must ``end_task`` the handle
         (``open_task`` does it); a handle that is never ended is swept at its deadline.
+        The task runs on ``prompt`` or on ``messages`` (exactly one), with ``options``.
         Raises NoNodeForModel when no node serves the model; waits in the admission queue
         while none has room (AllNodesBusy after the queue timeout)."""
         began = self.clock()
         try:
-            handle = await self._place_task(key_id, model, prompt, stream, timeout_s)
+            handle = await self._place_task(
+                key_id, model, prompt, messages, options, stream, timeout_s
+            )
         except GemmaNetError as exc:
             self.metrics.task_refused(exc)
             raise
@@ -455,9 +470,18 @@ class Instance:
         return handle
 
     async def _place_task(
-        self, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
+        self,
+        key_id: str,
+        model: str,
+        prompt: str | None,
+        messages: list[Message] | None,
+        options: Options | None,
+        stream: bool,
+        timeout_s: float | None,
     ) -> TaskHandle:
-        check_prompt_fits(prompt)
+        if (prompt is None) == (messages is None):
+            raise ValueError("a task runs on exactly one of a prompt and messages")
+        check_content_fits(prompt, messages, options)
         timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
         task_id = self.new_id("t-")
         # The rest of this request logs with its task (and, once placed, its node).
@@ -465,7 +489,13 @@ class Instance:
         now = self.clock()
         deadline = now + timeout
         assign = Assign(
-            task_id=task_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout
+            task_id=task_id,
+            model=model,
+            prompt=prompt,
+            stream=stream,
+            timeout_s=timeout,
+            messages=msgspec.UNSET if messages is None else messages,
+            options=msgspec.UNSET if options is None or options.is_empty() else options,
         )
         send, receive = trio.open_memory_channel[TaskEvent](math.inf)
         self._waiting[task_id] = send
@@ -513,11 +543,25 @@ class Instance:
 
     @asynccontextmanager
     async def open_task(
-        self, *, key_id: str, model: str, prompt: str, stream: bool, timeout_s: float | None
+        self,
+        *,
+        key_id: str,
+        model: str,
+        prompt: str | None = None,
+        messages: list[Message] | None = None,
+        options: Options | None = None,
+        stream: bool,
+        timeout_s: float | None,
     ) -> AsyncIterator[TaskHandle]:
         """``start_task`` … ``end_task`` as a block; leaving it early cancels the task."""
         handle = await self.start_task(
-            key_id=key_id, model=model, prompt=prompt, stream=stream, timeout_s=timeout_s
+            key_id=key_id,
+            model=model,
+            prompt=prompt,
+            messages=messages,
+            options=options,
+            stream=stream,
+            timeout_s=timeout_s,
         )
         outcome = "internal_error"
         try:

@@ -39,7 +39,9 @@ class NodeHost(Protocol):
     store: Store
     metrics: Metrics
 
-    async def attach_node(self, hello: Hello, link: NodeLink) -> NodeConnection: ...
+    async def attach_node(
+        self, hello: Hello, link: NodeLink, protocol: int = ...
+    ) -> NodeConnection: ...
     def detach_node(self, conn: NodeConnection, why: str = ...) -> None: ...
     def on_node_envelope(self, conn: NodeConnection, envelope: object) -> None: ...
 
@@ -132,7 +134,7 @@ async def _serve_authenticated(
 ) -> tuple[int, str]:
     link = NodeLink()
     try:
-        conn = await instance.attach_node(hello, link)
+        conn = await instance.attach_node(hello, link, session.version or 1)
     except CoordinationUnavailable as exc:
         log.warning("refusing node %s for now: %s", hello.node_id, exc)
         return CloseCode.TRY_AGAIN_LATER, "coordination store unavailable; reconnect later"

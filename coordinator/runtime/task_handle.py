@@ -55,6 +55,8 @@ class TaskHandle:
         self._events = events
         # Set by Instance.end_task: "ok", or the error code the request ended with.
         self.outcome: str | None = None
+        #: the final event, once it arrived (its usage is recorded with the task)
+        self.done: DoneEvent | None = None
 
     async def next_event(self) -> ChunkEvent | DoneEvent:
         """The next chunk or the final result; raises the task's error (502/503/504)."""
@@ -68,12 +70,15 @@ class TaskHandle:
                     continue
                 if isinstance(event, FailedEvent):
                     raise event.error
+                if isinstance(event, DoneEvent):
+                    self.done = event
                 return event
         raise TaskTimedOut(f"task {self.task_id} got no result within {self.timeout_s:g} s")
 
     def record(self, instance_id: str, *, finished_at: float) -> TaskRecord:
         """What the store keeps of this task once it ended (``outcome`` is set)."""
         outcome = self.outcome or "ok"
+        usage = self.done.usage if self.done is not None else None
         return TaskRecord(
             task_id=self.task_id,
             key_id=self.key_id,
@@ -85,13 +90,14 @@ class TaskHandle:
             finished_at=finished_at,
             stream=self.stream,
             instance_id=instance_id,
+            prompt_tokens=usage.prompt_tokens if usage is not None else None,
+            completion_tokens=usage.completion_tokens if usage is not None else None,
         )
 
-    async def result(self) -> str:
-        """Wait for the whole output (chunks of a streamed task are joined)."""
-        parts: list[str] = []
+    async def result(self) -> DoneEvent:
+        """Wait for the final event: the whole output (also of a streamed task) and what the
+        model server reported of it."""
         while True:
             event = await self.next_event()
             if isinstance(event, DoneEvent):
-                return event.output
-            parts.append(event.delta)
+                return event

@@ -31,6 +31,9 @@ class TaskRecord:
     finished_at: float
     stream: bool
     instance_id: str
+    #: tokens as the model server counted them (None: its node or host did not say)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
     @property
     def latency_ms(self) -> float:

@@ -13,6 +13,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coordinator.hosts.generation import Finish, Generation
 from tools.fakes.ollama import FakeOllama
 from tools.fakes.openai import FakeOpenAI
 from tools.node_agent import (
@@ -30,9 +31,10 @@ PROMPT = "  The quick\tbrown fox\n\njumps over  the lazy dog. "
 
 
 async def collect(backend: object, model: str, prompt: str, stream: bool = True) -> list[str]:
-    generator: AsyncIterator[str] = backend.generate(model, prompt, stream)  # type: ignore[attr-defined]
+    request = Generation(model=model, prompt=prompt, stream=stream)
+    generator: AsyncIterator[str | Finish] = backend.generate(request)  # type: ignore[attr-defined]
     async with aclosing(generator) as deltas:  # type: ignore[type-var]
-        return [delta async for delta in deltas]
+        return [delta async for delta in deltas if isinstance(delta, str)]
 
 
 # --- echo --------------------------------------------------------------------------------------
@@ -82,9 +84,12 @@ async def test_echo_fixed_latency_and_chunk_delay(autojump_clock: trio.abc.Clock
     backend = EchoBackend(latency=Latency(250, 250), chunk_delay_s=0.1)
     start = trio.current_time()
     seen: list[float] = []
-    async with aclosing(backend.generate("m", "a b c", True)) as deltas:
-        async for _ in deltas:
-            seen.append(trio.current_time() - start)
+    async with aclosing(
+        backend.generate(Generation(model="m", prompt="a b c", stream=True))
+    ) as deltas:
+        async for delta in deltas:
+            if isinstance(delta, str):
+                seen.append(trio.current_time() - start)
     assert seen == pytest.approx([0.25, 0.35, 0.45])
 
 
@@ -173,7 +178,9 @@ async def test_http_backend_failures_become_backend_errors(  # type: ignore[no-u
     server.fail = mode
     received: list[str] = []
     with pytest.raises(BackendError, match=match):
-        async with aclosing(backend.generate("m", PROMPT, True)) as deltas:
+        async with aclosing(
+            backend.generate(Generation(model="m", prompt=PROMPT, stream=True))
+        ) as deltas:
             async for delta in deltas:
                 received.append(delta)
     assert len(received) == before
@@ -205,7 +212,9 @@ async def test_http_backend_abandoned_stream_reaches_the_server(served) -> None:
     server, backend = served
     server.chunk_delay_s = 0.02
     with trio.fail_after(5):
-        async with aclosing(backend.generate("m", "w " * 200, True)) as deltas:
+        async with aclosing(
+            backend.generate(Generation(model="m", prompt="w " * 200, stream=True))
+        ) as deltas:
             async for _ in deltas:
                 break
         await server.wait_aborted()

@@ -21,6 +21,7 @@ from trio_websocket import (
     serve_websocket,
 )
 
+from coordinator.hosts.generation import Generation
 from protocol import (
     MAX_OUTPUT_BYTES,
     PROTOCOL_VERSION,
@@ -211,7 +212,8 @@ class GateBackend:
         self.started: list[str] = []
         self.cancelled: list[str] = []
 
-    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+    async def generate(self, request: Generation) -> AsyncIterator[str]:
+        prompt = request.input_text
         self.started.append(prompt)
         try:
             yield f"{prompt}:first "
@@ -231,9 +233,9 @@ class GateBackend:
 class BrokenBackend:
     name = "broken"
 
-    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+    async def generate(self, request: Generation) -> AsyncIterator[str]:
         yield "partial "
-        if prompt == "bug":
+        if request.prompt == "bug":
             raise RuntimeError("unexpected thing")
         raise BackendError("ollama: HTTP 500: out of memory")
 
@@ -249,7 +251,7 @@ class FloodBackend:
 
     name = "flood"
 
-    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+    async def generate(self, request: Generation) -> AsyncIterator[str]:
         yield "x" * 600_000
         yield "y" * 600_000
 
@@ -367,7 +369,9 @@ async def test_hello_welcome_and_heartbeats(
     conn = await coordinator.next_conn()
     assert coordinator.paths == ["/ws/node"]
     hello = conn.hello
-    assert (hello.v, hello.node_id, hello.token) == (PROTOCOL_VERSION, "node-1", TOKEN)
+    # The hello is v1, so any coordinator reads it, and offers every version the agent speaks.
+    assert (hello.v, hello.node_id, hello.token) == (1, "node-1", TOKEN)
+    assert hello.protocols == [1, PROTOCOL_VERSION]
     assert hello.models == ["gemma3:4b", "gemma3:27b"]
     assert (hello.max_parallel, hello.vram_gb) == (3, 24.0)
     assert hello.agent_version.startswith("gemmanet-node/")

@@ -6,14 +6,20 @@ import json
 import string
 from typing import Any
 
+import msgspec
 from hypothesis import strategies as st
 
 from protocol import (
     MAX_IDENTIFIER_LENGTH,
+    MAX_MESSAGES,
     MAX_MODEL_NAME_LENGTH,
     MAX_MODELS,
     MAX_PARALLEL,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
     MAX_TIMEOUT_S,
+    MAX_TOKENS_LIMIT,
+    ROLES,
     Assign,
     BusAssign,
     BusCancel,
@@ -27,9 +33,14 @@ from protocol import (
     Error,
     Heartbeat,
     Hello,
+    Message,
+    Options,
     Result,
     TaskFailure,
+    Timings,
+    Usage,
     Welcome,
+    stamped,
 )
 from protocol.constraints import MAX_COUNT, MAX_VRAM_GB
 
@@ -54,9 +65,48 @@ hellos = st.builds(
     max_parallel=st.integers(min_value=1, max_value=MAX_PARALLEL),
     vram_gb=st.none() | st.floats(min_value=0, max_value=MAX_VRAM_GB),
     agent_version=st.text(max_size=128),
+    protocols=st.just(msgspec.UNSET)
+    | st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=8),
 )
+
+# --- v2: what a task carries and reports -------------------------------------------------------
+
+messages = st.lists(
+    st.builds(Message, role=st.sampled_from(ROLES), content=texts),
+    min_size=1,
+    max_size=min(MAX_MESSAGES, 6),
+)
+
+
+def _maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.none() | strategy
+
+
+options = st.builds(
+    Options,
+    max_tokens=_maybe(st.integers(min_value=1, max_value=MAX_TOKENS_LIMIT)),
+    temperature=_maybe(st.floats(min_value=0, max_value=2)),
+    top_p=_maybe(st.floats(min_value=0, max_value=1)),
+    top_k=_maybe(st.integers(min_value=1, max_value=1_000_000)),
+    stop=_maybe(st.lists(st.text(min_size=1, max_size=MAX_STOP_LENGTH), max_size=MAX_STOP_STRINGS)),
+    seed=_maybe(st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+    presence_penalty=_maybe(st.floats(min_value=-2, max_value=2)),
+    frequency_penalty=_maybe(st.floats(min_value=-2, max_value=2)),
+    format=_maybe(st.sampled_from(["text", "json"])),
+    json_schema=_maybe(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3)),
+)
+usages = st.builds(Usage, prompt_tokens=counts, completion_tokens=counts)
+timings = st.builds(
+    Timings,
+    total_s=st.floats(min_value=0, max_value=86_400),
+    ttft_s=_maybe(st.floats(min_value=0, max_value=86_400)),
+)
+finish_reasons = st.sampled_from(["stop", "length", "content_filter"])
+_unset = st.just(msgspec.UNSET)
+
 welcomes = st.builds(
     Welcome,
+    v=st.sampled_from([1, 2]),
     instance_id=identifiers,
     conn_id=identifiers,
     heartbeat_interval_s=st.floats(min_value=0, max_value=3600, exclude_min=True),
@@ -64,7 +114,7 @@ welcomes = st.builds(
 heartbeats = st.builds(
     Heartbeat, in_flight=counts, resident=st.none() | st.lists(model_names, max_size=4)
 )
-assigns = st.builds(
+_v1_assigns = st.builds(
     Assign,
     task_id=identifiers,
     model=model_names,
@@ -72,8 +122,27 @@ assigns = st.builds(
     stream=st.booleans(),
     timeout_s=timeouts,
 )
+# v2: a conversation or a prompt, with or without options; stamped with the version it needs.
+_v2_assigns = st.builds(
+    Assign,
+    task_id=identifiers,
+    model=model_names,
+    stream=st.booleans(),
+    timeout_s=timeouts,
+    messages=messages,
+    options=_unset | options,
+) | st.builds(Assign, task_id=identifiers, model=model_names, prompt=texts, options=options)
+assigns = (_v1_assigns | _v2_assigns).map(stamped)
 chunks = st.builds(Chunk, task_id=identifiers, seq=counts, delta=texts)
-results = st.builds(Result, task_id=identifiers, output=texts, chunks=counts)
+results = st.builds(
+    Result,
+    task_id=identifiers,
+    output=texts,
+    chunks=counts,
+    usage=_unset | usages,
+    finish_reason=_unset | finish_reasons,
+    timings=_unset | timings,
+).map(stamped)
 errors = st.builds(Error, task_id=st.none() | identifiers, code=codes, message=texts)
 cancels = st.builds(Cancel, task_id=identifiers, reason=texts)
 
@@ -90,7 +159,18 @@ bus_envelopes = st.one_of(
         stream=st.booleans(),
         timeout_s=timeouts,
         reply_to=identifiers,
-    ),
+        options=_unset | options,
+    ).map(stamped),
+    st.builds(
+        BusAssign,
+        task_id=identifiers,
+        node_id=identifiers,
+        conn_id=identifiers,
+        model=model_names,
+        reply_to=identifiers,
+        messages=messages,
+        options=_unset | options,
+    ).map(stamped),
     st.builds(BusChunk, task_id=identifiers, conn_id=identifiers, seq=counts, delta=texts),
     st.builds(
         BusResult,
@@ -100,7 +180,10 @@ bus_envelopes = st.one_of(
         output=st.none() | texts,
         chunks=counts,
         failure=st.none() | st.builds(TaskFailure, code=codes, message=texts),
-    ),
+        usage=_unset | usages,
+        finish_reason=_unset | finish_reasons,
+        timings=_unset | timings,
+    ).map(stamped),
     st.builds(
         BusNodeGone, task_id=identifiers, node_id=identifiers, conn_id=identifiers, reason=texts
     ),
@@ -139,7 +222,8 @@ _FIELDS = [
     "node_id", "token", "models", "max_parallel", "vram_gb", "agent_version", "instance_id",
     "conn_id", "heartbeat_interval_s", "in_flight", "task_id", "model", "prompt", "stream",
     "timeout_s", "seq", "delta", "output", "chunks", "code", "message", "reason", "reply_to",
-    "failure", "new_instance",
+    "failure", "new_instance", "messages", "options", "usage", "finish_reason", "timings",
+    "protocols",
 ]  # fmt: skip
 
 # Objects that look like envelopes (right version, a real tag, real field names) with arbitrary
@@ -149,7 +233,7 @@ _plausible = st.sampled_from(
     ["n1", "", " ", "a b", "x" * 129, "m", ["m"], [], [""], 0, 1, -1, 0.5, 3601, 1025, None, True]
 )
 near_envelopes = st.fixed_dictionaries(
-    {"v": st.just(1) | json_scalars, "type": st.sampled_from(_TAGS) | json_scalars},
+    {"v": st.sampled_from([1, 2]) | json_scalars, "type": st.sampled_from(_TAGS) | json_scalars},
     optional={
         name: _plausible | json_scalars | st.lists(json_scalars, max_size=3) for name in _FIELDS
     },

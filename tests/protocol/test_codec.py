@@ -14,10 +14,12 @@ from protocol import (
     MAX_ENVELOPE_BYTES,
     MAX_FRAME_BYTES,
     MAX_IDENTIFIER_LENGTH,
+    MAX_MESSAGES,
     MAX_MODEL_NAME_LENGTH,
     MAX_PROMPT_BYTES,
     PROTOCOL_VERSION,
     TASK_FRAMING_BYTES,
+    VERSIONS,
     Assign,
     BusAssign,
     BusEnvelope,
@@ -25,16 +27,24 @@ from protocol import (
     EnvelopeTooLarge,
     Heartbeat,
     MalformedEnvelope,
+    Message,
     NodeEnvelope,
+    Options,
     ProtocolError,
+    Result,
     TelemetrySample,
+    Timings,
     UnsupportedVersion,
+    Usage,
     decode_bus,
     decode_node,
     encode,
     encode_sample,
     parse_sample,
+    stamped,
+    task_content_bytes,
     text_bytes,
+    transcript,
 )
 from tests.protocol.strategies import (
     bus_envelopes,
@@ -82,7 +92,7 @@ def test_bus_envelopes_round_trip_as_bytes_and_text(envelope: BusEnvelope) -> No
 def test_encoded_envelopes_carry_type_and_version() -> None:
     assert json.loads(encode(Heartbeat(in_flight=2))) == {
         "type": "heartbeat",
-        "v": PROTOCOL_VERSION,
+        "v": 1,  # nothing of v2 in it: any peer reads it
         "in_flight": 2,
         "resident": None,  # a node that does not say which models it has loaded
     }
@@ -177,7 +187,7 @@ def test_envelope_lookalikes_with_garbage_fields_raise_protocol_error_only(
         b'{"v":1,"type":"assign","task_id":"t","model":"m","prompt":"p","timeout_s":Infinity}',
         b'{"v":1,"type":"assign","task_id":"t","model":"m","prompt":"p","timeout_s":1e400}',
         b'{"v":1,"type":"heartbeat"} trailing',
-        b'{"v":1,"type":"heartbeat","v":2}',
+        b'{"v":1,"type":"heartbeat","v":3}',
         b'{"v":1,"type":"nope"}',
         b'{"v":1}',
         b'{"type":"heartbeat"}',
@@ -209,7 +219,7 @@ def test_missing_version_is_malformed() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.integers().filter(lambda v: v != PROTOCOL_VERSION)
+    st.integers().filter(lambda v: v not in VERSIONS)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text()
     | st.booleans()
@@ -222,21 +232,21 @@ def test_unknown_version_names_received_and_supported_versions(version: Any, dec
     assert caught.value.received == version
     assert caught.value.supported == PROTOCOL_VERSION
     message = str(caught.value)
-    assert f"version {PROTOCOL_VERSION}" in message
+    assert f"versions 1 to {PROTOCOL_VERSION}" in message
     assert repr(version)[:30] in message
 
 
 def test_unknown_version_of_an_unknown_type_is_still_a_version_error() -> None:
     # A newer peer may add envelope types; the version is what the operator must be told about.
-    with pytest.raises(UnsupportedVersion, match=r"version 2; this side speaks version 1"):
-        decode_node(b'{"v":2,"type":"brand_new"}')
+    with pytest.raises(UnsupportedVersion, match=r"version 3; this side speaks versions 1 to 2"):
+        decode_node(b'{"v":3,"type":"brand_new"}')
 
 
 def test_a_peer_controlled_version_cannot_flood_the_error_message() -> None:
     with pytest.raises(UnsupportedVersion) as caught:
         decode_node(json.dumps({"v": "x" * 100_000, "type": "heartbeat"}))
     assert len(str(caught.value)) < 200
-    assert str(caught.value).endswith(f"version {PROTOCOL_VERSION}")
+    assert str(caught.value).endswith(f"versions 1 to {PROTOCOL_VERSION}")
 
 
 # --- size limit --------------------------------------------------------------------------------
@@ -321,3 +331,133 @@ def test_text_bytes_counts_the_encoded_prompt() -> None:
     assert text_bytes("abc") == 3
     assert text_bytes("é") == 2
     assert text_bytes('"\n\x01') == 2 + 2 + 6
+
+
+# --- protocol v2: conversations, options, usage -----------------------------------------------
+
+
+def test_a_v2_assign_carries_messages_and_options_in_a_v2_envelope() -> None:
+    assign = stamped(
+        Assign(
+            task_id="t1",
+            model="m",
+            messages=[
+                Message(role="system", content="be brief"),
+                Message(role="user", content="hi"),
+            ],
+            options=Options(max_tokens=5, temperature=0.2, stop=["\n"], seed=7),
+        )
+    )
+    wire = json.loads(encode(assign))
+    assert wire["v"] == 2
+    assert wire["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    # Options leave out what the client did not set: the server's default applies.
+    assert wire["options"] == {"max_tokens": 5, "temperature": 0.2, "stop": ["\n"], "seed": 7}
+    assert "prompt" not in wire or wire["prompt"] is None
+    assert decode_node(encode(assign)) == assign
+
+
+def test_a_prompt_only_assign_stays_v1_for_old_nodes() -> None:
+    assign = stamped(Assign(task_id="t1", model="m", prompt="hi"))
+    wire = json.loads(encode(assign))
+    assert wire["v"] == 1
+    assert "messages" not in wire and "options" not in wire
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},  # neither
+        {"prompt": "x", "messages": [{"role": "user", "content": "x"}]},  # both
+    ],
+    ids=["neither", "both"],
+)
+def test_an_assign_carries_exactly_one_of_prompt_and_messages(fields: dict[str, Any]) -> None:
+    doc = {"v": 2, "type": "assign", "task_id": "t", "model": "m", **fields}
+    with pytest.raises(MalformedEnvelope, match="exactly one"):
+        decode_node(json.dumps(doc))
+
+
+def test_v2_fields_in_a_v1_envelope_are_refused() -> None:
+    # A v1 reader would take the prompt and silently drop the options.
+    doc = {"v": 1, "type": "assign", "task_id": "t", "model": "m", "prompt": "x",
+           "options": {"max_tokens": 3}}  # fmt: skip
+    with pytest.raises(MalformedEnvelope, match="v2"):
+        decode_node(json.dumps(doc))
+    result = {"v": 1, "type": "result", "task_id": "t", "output": "",
+              "usage": {"prompt_tokens": 1, "completion_tokens": 2}}  # fmt: skip
+    with pytest.raises(MalformedEnvelope, match="v2"):
+        decode_node(json.dumps(result))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_tokens": -1},
+        {"max_tokens": 0},
+        {"temperature": 2.5},
+        {"top_p": -0.1},
+        {"top_k": 0},
+        {"stop": ["x"] * 17},
+        {"stop": [""]},
+        {"stop": ["x" * 201]},
+        {"format": "yaml"},
+    ],
+    ids=repr,
+)
+def test_options_out_of_range_are_refused(options: dict[str, Any]) -> None:
+    doc = {"v": 2, "type": "assign", "task_id": "t", "model": "m", "prompt": "x",
+           "options": options}  # fmt: skip
+    with pytest.raises(MalformedEnvelope):
+        decode_node(json.dumps(doc))
+
+
+def test_messages_are_bounded_in_number_and_role() -> None:
+    def doc(messages: list[dict[str, str]]) -> str:
+        return json.dumps({"v": 2, "type": "assign", "task_id": "t", "model": "m",
+                           "messages": messages})  # fmt: skip
+
+    decode_node(doc([{"role": "user", "content": "x"}] * MAX_MESSAGES))
+    with pytest.raises(MalformedEnvelope):
+        decode_node(doc([{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1)))
+    with pytest.raises(MalformedEnvelope):
+        decode_node(doc([{"role": "wizard", "content": "x"}]))
+    with pytest.raises(MalformedEnvelope):
+        decode_node(doc([]))
+
+
+def test_a_result_reports_usage_finish_reason_and_timings() -> None:
+    result = stamped(
+        Result(
+            task_id="t",
+            output="a b",
+            usage=Usage(prompt_tokens=3, completion_tokens=2),
+            finish_reason="length",
+            timings=Timings(total_s=0.5, ttft_s=0.1),
+        )
+    )
+    assert result.v == 2
+    assert decode_node(encode(result)) == result
+    assert result.usage.total_tokens == 5  # type: ignore[union-attr]
+
+
+def test_the_largest_conversation_fits_the_worst_case_task_envelopes() -> None:
+    """MAX_PROMPT_BYTES bounds task_content_bytes (messages and options together), so a
+    conversation of exactly that size still fits a worst-case bus.assign."""
+    ident = "i" * MAX_IDENTIFIER_LENGTH
+    model = "x" + "\x01" * (MAX_MODEL_NAME_LENGTH - 1)
+    options = Options(max_tokens=100, stop=["\x01" * 200] * 16, json_schema={"type": "object"})
+    one = [Message(role="assistant", content="")]
+    padding = MAX_PROMPT_BYTES - task_content_bytes(None, one * 2, options)
+    messages = [Message(role="assistant", content="p" * padding), one[0]]
+    assert task_content_bytes(None, messages, options) == MAX_PROMPT_BYTES
+    bus = stamped(
+        BusAssign(task_id=ident, node_id=ident, conn_id=ident, model=model, timeout_s=0.1 + 0.2,
+                  reply_to=ident, messages=messages, options=options)
+    )  # fmt: skip
+    assert decode_bus(encode(bus)) == bus
+    # ... and its v1 transcript fits a v1 assign's prompt.
+    assert text_bytes(transcript(messages)) <= MAX_PROMPT_BYTES

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,6 +28,7 @@ from protocol import (
     Result,
     SessionState,
     UnexpectedEnvelope,
+    UnsupportedVersion,
     Welcome,
     encode,
 )
@@ -186,7 +189,7 @@ def test_sending_out_of_turn_is_a_local_error_that_changes_nothing(
         Hello(node_id="n1", token="t", models=[]),
         Hello(node_id="n1", token="t", models=["m"], vram_gb=float("nan")),  # would be null
         Hello(node_id="n1", token="t", models=["m"], vram_gb=float("inf")),
-        Hello(node_id="n1", token="t", models=["m"], v=2),
+        Hello(node_id="n1", token="t", models=["m"], v=3),
         Hello(node_id="n1", token="t\ud800", models=["m"]),
         Hello(node_id="n1", token="t", models=["m"], agent_version="x" * 2_000_000),
         BusCancel(task_id="t1"),
@@ -267,3 +270,52 @@ def test_every_valid_envelope_passes_the_send_check_when_in_turn(envelope: NodeE
             assert "may not send" in str(exc)  # out of turn, never "invalid"
         else:
             assert data == encode(envelope)
+
+
+# --- version negotiation -----------------------------------------------------------------------
+
+
+def _negotiate(hello: Hello) -> tuple[NodeSession, NodeSession, Welcome]:
+    node, coordinator = NodeSession("node"), NodeSession("coordinator")
+    coordinator.receive(node.send(hello))
+    welcome = node.receive(coordinator.send(WELCOME))
+    assert isinstance(welcome, Welcome)
+    return node, coordinator, welcome
+
+
+def test_a_v1_node_is_welcomed_at_v1() -> None:
+    # An old node sends no ``protocols``: the coordinator speaks its version back.
+    node, coordinator, welcome = _negotiate(HELLO)
+    assert (welcome.v, node.version, coordinator.version) == (1, 1, 1)
+
+
+def test_a_node_offering_v1_and_v2_is_welcomed_at_v2() -> None:
+    hello = msgspec.structs.replace(HELLO, protocols=[1, 2])
+    node, coordinator, welcome = _negotiate(hello)
+    assert (welcome.v, node.version, coordinator.version) == (2, 2, 2)
+    # The hello itself stays v1, so that a v1 coordinator can read it.
+    assert json.loads(NodeSession("node").send(hello))["v"] == 1
+
+
+def test_a_v2_node_reads_a_v1_coordinators_welcome() -> None:
+    # A v1 coordinator ignores ``protocols`` and answers with a v1 welcome.
+    node = NodeSession("node")
+    node.send(msgspec.structs.replace(HELLO, protocols=[1, 2]))
+    node.receive(encode(WELCOME))
+    assert node.version == 1
+
+
+def test_a_welcome_at_a_version_the_hello_did_not_offer_is_refused() -> None:
+    node = NodeSession("node")
+    node.send(HELLO)  # offers v1 only
+    with pytest.raises(UnexpectedEnvelope, match="chose protocol v2"):
+        node.receive(encode(msgspec.structs.replace(WELCOME, v=2)))
+    assert node.state is SessionState.CLOSED
+
+
+def test_a_hello_with_no_version_in_common_is_refused_with_4002() -> None:
+    coordinator = NodeSession("coordinator")
+    with pytest.raises(UnsupportedVersion) as caught:
+        coordinator.receive(encode(msgspec.structs.replace(HELLO, protocols=[7, 9])))
+    assert caught.value.close_code == CloseCode.PROTOCOL_ERROR
+    assert coordinator.state is SessionState.CLOSED

@@ -36,6 +36,7 @@ from typing import Any, TextIO
 
 import trio
 
+from coordinator.hosts.generation import Finish, Generation
 from protocol import Welcome
 from tools.node_agent import (
     AgentConfig,
@@ -83,15 +84,15 @@ class JournalingEcho(EchoBackend):
         self.journal = journal
         self.agent: FailoverAgent | None = None
 
-    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
-        tag = prompt.split(" ", 1)[0]
+    async def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
+        tag = request.input_text.split(" ", 1)[0]
         started = time.monotonic()
         where = self.agent.url_index if self.agent is not None else -1
         self.journal.add("A", tag, self.node_id, where, f"{started:.6f}")
         first = True
-        async with aclosing(super().generate(model, prompt, stream)) as pieces:  # type: ignore[type-var]
+        async with aclosing(super().generate(request)) as pieces:  # type: ignore[type-var]
             async for piece in pieces:
-                if first:
+                if first and isinstance(piece, str):
                     first = False
                     self.journal.add("D", tag, f"{time.monotonic() - started:.6f}")
                 yield piece

@@ -36,6 +36,7 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from coordinator.hosts.generation import Finish, Generation
 from coordinator.runtime.log_context import bind_log_ids
 from protocol import (
     MAX_FRAME_BYTES,
@@ -50,9 +51,11 @@ from protocol import (
     ProtocolError,
     Result,
     TaskErrorCode,
+    Timings,
     Welcome,
     decode_node,
     encode,
+    stamped,
     text_bytes,
 )
 from protocol.telemetry import TelemetrySample, encode_sample
@@ -75,6 +78,8 @@ EXIT_AUTH_FAILED: Final = 4
 
 # Silence from the coordinator for this many heartbeat intervals means the link is dead.
 MISSED_HEARTBEATS: Final = 3
+#: the node protocol versions the agent speaks, offered in its hello
+PROTOCOLS: Final = (1, 2)
 _MAX_MESSAGE_CHARS: Final = 200
 
 
@@ -173,6 +178,9 @@ class NodeAgent:
         # The heartbeat interval of the current connection (its welcome's, or what the
         # coordinator asked for since)
         self._interval = 2.0
+        # The protocol version of the current connection (its welcome's ``v``): a v1
+        # coordinator gets results without usage, finish reason or timings.
+        self.protocol = 1
         # Observable counters (logs, tests).
         self.attempts = 0
         self.welcomes = 0
@@ -287,6 +295,7 @@ class NodeAgent:
             max_parallel=self.config.max_parallel,
             vram_gb=self.config.vram_gb,
             agent_version=self.config.agent_version,
+            protocols=list(PROTOCOLS),
         )
         try:
             with trio.fail_after(self.config.handshake_timeout_s):
@@ -323,6 +332,7 @@ class NodeAgent:
         # Both ways: ours to the coordinator and the silence we allow it; it may tell us a
         # longer one later, in a heartbeat (``interval_s``).
         self._interval = interval
+        self.protocol = welcome.v if welcome.v in PROTOCOLS else 1
         log.info(
             "connected to %s as node %s (instance %s, conn %s, heartbeat %.1f s)",
             self.config.ws_url,
@@ -438,7 +448,7 @@ class NodeAgent:
         nursery: trio.Nursery,
     ) -> None:
         task_id = assign.task_id
-        self._stats.asked(task_id in self._running, len(self._running), assign.prompt)
+        self._stats.asked(task_id in self._running, len(self._running), _input_of(assign))
         refusal: tuple[str, str] | None = None
         if self._drain_requested.is_set():
             refusal = (TaskErrorCode.NODE_DRAINING, f"node {self.config.node_id} is shutting down")
@@ -486,13 +496,21 @@ class NodeAgent:
         task_id = assign.task_id
         parts: list[str] = []
         size = 0
+        finish = Finish()
+        began = trio.current_time()
+        first_at: float | None = None
         try:
             with trio.fail_after(max(float(assign.timeout_s), 0.0)):
-                generator = self.backend.generate(assign.model, assign.prompt, assign.stream)
+                generator = self.backend.generate(Generation.of(assign))
                 async with aclosing(generator) as deltas:  # type: ignore[type-var]
                     async for delta in deltas:
+                        if isinstance(delta, Finish):
+                            finish = delta
+                            continue
                         if not delta:
                             continue
+                        if first_at is None:
+                            first_at = trio.current_time()
                         size += text_bytes(delta)
                         if size > MAX_OUTPUT_BYTES:
                             # Sent anyway, the coordinator would close this connection over the
@@ -534,7 +552,19 @@ class NodeAgent:
             )
             return
         chunks = len(parts) if assign.stream else 0
-        await outbox.send(Result(task_id=task_id, output="".join(parts), chunks=chunks))
+        result = Result(task_id=task_id, output="".join(parts), chunks=chunks)
+        if self.protocol >= 2:
+            now = trio.current_time()
+            ttft = None if first_at is None else first_at - began
+            result = stamped(
+                msgspec.structs.replace(
+                    result,
+                    usage=finish.usage if finish.usage is not None else msgspec.UNSET,
+                    finish_reason=finish.finish_reason or msgspec.UNSET,
+                    timings=Timings(total_s=min(now - began, 86_400.0), ttft_s=ttft),
+                )
+            )
+        await outbox.send(result)
 
     # --- drain -----------------------------------------------------------------------------
 
@@ -559,3 +589,8 @@ class NodeAgent:
                 scope.cancel()
             await self._wait_idle()
         await outbox.send(_CloseRequest(CloseCode.NORMAL, "node shutting down"))
+
+
+def _input_of(assign: Assign) -> str:
+    """What the node was asked, as text (for the stats file)."""
+    return Generation.of(assign).input_text

@@ -1,11 +1,14 @@
 """Model backends of the node agent, one small class each behind one interface.
 
-``generate(model, prompt, stream)`` is an async generator of output deltas: the agent sends each
-delta as a Chunk when the task streams, and joins them into the Result either way. Every failure
+``generate(request)`` takes a :class:`Generation` (the model, a prompt or a conversation, the
+sampling options) and is an async generator of output deltas, then at most one :class:`Finish`
+(usage and finish reason as the server reported them): the agent sends each delta as a Chunk
+when the task streams, and joins them into the Result either way. Every failure
 of the model server surfaces as :class:`BackendError` with a short, loggable message; anything
 else escaping a backend is a bug. Backends own their HTTP client and are closed with ``aclose``.
 
-* :class:`EchoBackend` - the reference model: answers with exactly the prompt.
+* :class:`EchoBackend` - the reference model: answers with exactly the prompt (a conversation:
+  its v1 transcript), counting words as tokens, honouring ``max_tokens`` and ``stop``.
 * :class:`OllamaBackend` - ``POST /api/generate``, NDJSON stream.
 * :class:`OpenAIBackend` - ``POST /v1/chat/completions``, server-sent events.
 """
@@ -21,7 +24,9 @@ from typing import Any, Protocol
 import httpx
 import trio
 
+from coordinator.hosts.generation import Finish, Generation
 from coordinator.hosts.host_client import HostError, ollama_generate, openai_generate
+from protocol import FinishReason, Usage, transcript
 from tools.node_agent.settings import (
     DEFAULT_OLLAMA_URL,
     DEFAULT_OPENAI_URL,
@@ -49,7 +54,7 @@ BackendError = HostError
 class Backend(Protocol):
     name: str
 
-    def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]: ...
+    def generate(self, request: Generation) -> AsyncIterator[str | Finish]: ...
 
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         """Which of ``models`` are loaded in memory now (None: cannot tell). Sent in every
@@ -80,24 +85,61 @@ class EchoBackend:
         self.chunk_delay_s = chunk_delay_s
         self._rng = rng if rng is not None else random.Random()
 
-    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+    async def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
         delay = self.latency.sample_s(self._rng)
         if delay > 0:
             await trio.sleep(delay)
-        if not stream:
-            if prompt:
-                yield prompt
-            return
-        for index, piece in enumerate(split_words(prompt)):
-            if index and self.chunk_delay_s > 0:
-                await trio.sleep(self.chunk_delay_s)
-            yield piece
+        answer, finish_reason = echo_answer(request)
+        if not request.stream:
+            if answer:
+                yield answer
+        else:
+            for index, piece in enumerate(split_words(answer)):
+                if index and self.chunk_delay_s > 0:
+                    await trio.sleep(self.chunk_delay_s)
+                yield piece
+        usage = Usage(
+            prompt_tokens=len(request.input_text.split()), completion_tokens=len(answer.split())
+        )
+        yield Finish(usage=usage, finish_reason=finish_reason)
 
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         return list(models)  # the echo "model" is always loaded
 
     async def aclose(self) -> None:
         return None
+
+
+def echo_answer(request: Generation) -> tuple[str, FinishReason]:
+    """What the echo model answers: the prompt (a conversation: its transcript), cut at the
+    first stop string (``stop``) or after ``max_tokens`` words (``length``)."""
+    text = request.prompt if request.messages is None else transcript(list(request.messages))
+    text = text or ""
+    options = request.options
+    if options is not None and options.stop:
+        cuts = [text.find(s) for s in options.stop if s in text]
+        if cuts:
+            text = text[: min(cuts)]
+    if options is not None and options.max_tokens is not None:
+        pieces = split_words(text)
+        words = [p for p in pieces if p.strip()]
+        if len(words) > options.max_tokens:
+            kept: list[str] = []
+            count = 0
+            for piece in pieces:
+                if piece.strip():
+                    if count == options.max_tokens:
+                        break
+                    count += 1
+                kept.append(piece)
+            return "".join(kept).rstrip(), "length"
+    return text, "stop"
+
+
+def _flat_prompt(request: Generation) -> str:
+    if request.messages is not None:
+        return transcript(list(request.messages))
+    return request.prompt or ""
 
 
 class _HttpBackend:
@@ -145,10 +187,12 @@ class OllamaBackend(_HttpBackend):
             return None
         return [m for m in models if m in loaded]
 
-    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
+    async def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
         # Always streams from the server (host_client.py): a cancelled task stops generation
         # at once by dropping the connection.
-        async for piece in ollama_generate(self._client, self.base_url, model, prompt):
+        async for piece in ollama_generate(
+            self._client, self.base_url, request.model, _flat_prompt(request)
+        ):
             yield piece
 
 
@@ -168,8 +212,10 @@ class OpenAIBackend(_HttpBackend):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         super().__init__(base_url, headers=headers, **kwargs)
 
-    async def generate(self, model: str, prompt: str, stream: bool) -> AsyncIterator[str]:
-        async for piece in openai_generate(self._client, self.base_url, model, prompt):
+    async def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
+        async for piece in openai_generate(
+            self._client, self.base_url, request.model, _flat_prompt(request)
+        ):
             yield piece
 
 
