@@ -6,6 +6,7 @@ error code and, where a node socket closes because of it, its close code.
     ├── StartupRefused              503 startup_refused      this instance must not start
     ├── MalformedJson               400 malformed_json
     ├── UnsupportedContent          400 unsupported_content  a chat message part that is not text
+    ├── UnsupportedParameter        400 unsupported_parameter  a parameter no node can honour
     ├── Unauthorized                401 unauthorized         (WWW-Authenticate)
     ├── Forbidden                   403 forbidden
     │   └── TaskForbidden*              forbidden            a task of another API key
@@ -71,6 +72,7 @@ __all__ = [
     "Unavailable",
     "UnknownNode",
     "UnsupportedContent",
+    "UnsupportedParameter",
 ]
 
 
@@ -118,6 +120,17 @@ class UnsupportedContent(GemmaNetError):
     """A chat message (OpenAI-compatible API) holds a part the prompt cannot carry (an image)."""
 
     status, code = 400, "unsupported_content"
+
+
+class UnsupportedParameter(GemmaNetError):
+    """A request parameter no node can honour (``n`` > 1, ``tools``, ``logprobs``): refused
+    rather than silently dropped. ``param`` names it (OpenAI's error ``param``)."""
+
+    status, code = 400, "unsupported_parameter"
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class Unauthorized(GemmaNetError):

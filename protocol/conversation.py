@@ -26,7 +26,16 @@ __all__ = [
     "MAX_TOKENS_LIMIT",
     "ROLES",
     "FinishReason",
+    "MaxTokens",
     "Message",
+    "Messages",
+    "Penalty",
+    "Seed",
+    "StopList",
+    "StopString",
+    "Temperature",
+    "TopK",
+    "TopP",
     "Options",
     "Timings",
     "Usage",
@@ -69,18 +78,28 @@ Messages = Annotated[list[Message], Meta(min_length=1, max_length=MAX_MESSAGES)]
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_LENGTH)]
 
 
+# The option ranges, as types the HTTP APIs decode their requests with too (one set of limits).
+MaxTokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)]
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(ge=0.0, le=1.0)]
+TopK = Annotated[int, Meta(ge=1, le=MAX_TOP_K)]
+StopList = Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]
+Seed = Annotated[int, Meta(ge=-MAX_SEED - 1, le=MAX_SEED)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+
+
 class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Sampling controls; ``None`` leaves the model server's default. The ranges are those
     both APIs accept (OpenAI's where they differ), so no backend sees a value it refuses."""
 
-    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Meta(ge=1, le=MAX_TOP_K)] | None = None
-    stop: Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: Annotated[int, Meta(ge=-MAX_SEED - 1, le=MAX_SEED)] | None = None
-    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    stop: StopList | None = None
+    seed: Seed | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     #: "json": the answer is one JSON object. With ``json_schema`` it follows that schema.
     format: Literal["text", "json"] | None = None
     json_schema: dict[str, Any] | None = None

@@ -1,5 +1,7 @@
 """Errors of the /v1 routes in OpenAI's shape: ``{"error": {"message", "type", "param": null,
 "code"}}``, with the native API's HTTP statuses and headers (Retry-After, WWW-Authenticate).
+``param`` names the request parameter at fault where there is one (an unsupported parameter,
+or the field a 422 points at).
 
 The ``code`` is the native error code, with two renames OpenAI clients know: a bad or missing
 key is ``invalid_api_key``, and a model no online node serves is ``404 model_not_found`` (the
@@ -10,6 +12,7 @@ as a 404, and one that a node may bring later cannot be told apart from a typo a
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 
 import msgspec
@@ -18,9 +21,17 @@ from werkzeug.exceptions import HTTPException
 
 from coordinator.api.errors import http_error_code, http_error_message
 from coordinator.api.openai_schemas import OpenAIErrorDetail, OpenAIErrorResponse
-from coordinator.errors import GemmaNetError, NoNodeForModel, Unauthorized
+from coordinator.errors import (
+    GemmaNetError,
+    InvalidFields,
+    NoNodeForModel,
+    Unauthorized,
+    UnsupportedParameter,
+)
 
 log = logging.getLogger("gemmanet.api")
+# msgspec's validation messages end with the path of the field: "... - at `$.max_tokens`".
+_FIELD_PATH = re.compile(r"at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
 _json = msgspec.json.Encoder()
 
 
@@ -38,19 +49,34 @@ def error_type(status: int) -> str:
 
 
 def openai_error(
-    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    param: str | None = None,
 ) -> Response:
     return Response(
-        _json.encode(openai_error_body(status, code, message)),
+        _json.encode(openai_error_body(status, code, message, param)),
         status,
         dict(headers or {}),
         content_type="application/json",
     )
 
 
-def openai_error_body(status: int, code: str, message: str) -> OpenAIErrorResponse:
-    detail = OpenAIErrorDetail(message=message, type=error_type(status), code=code)
+def openai_error_body(
+    status: int, code: str, message: str, param: str | None = None
+) -> OpenAIErrorResponse:
+    detail = OpenAIErrorDetail(message=message, type=error_type(status), code=code, param=param)
     return OpenAIErrorResponse(error=detail)
+
+
+def param_of(exc: GemmaNetError) -> str | None:
+    if isinstance(exc, UnsupportedParameter):
+        return exc.param
+    if isinstance(exc, InvalidFields):
+        found = _FIELD_PATH.search(exc.message)
+        return found.group(1) if found else None
+    return None
 
 
 def status_and_code(exc: GemmaNetError) -> tuple[int, str]:
@@ -65,7 +91,7 @@ def openai_error_of(exc: GemmaNetError) -> Response:
     status, code = status_and_code(exc)
     # Retry-After belongs to the 503; a 404 is not worth retrying on a timer.
     headers = {} if status == 404 else exc.headers()
-    return openai_error(status, code, exc.client_message, headers)
+    return openai_error(status, code, exc.client_message, headers, param_of(exc))
 
 
 def install_openai_error_handlers(blueprint: Blueprint) -> None:

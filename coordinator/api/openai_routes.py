@@ -1,55 +1,57 @@
-"""The OpenAI-compatible API: ``POST /v1/chat/completions`` and ``GET /v1/models``.
+"""The OpenAI-compatible API: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models`` and ``GET /v1/models/{id}``.
 
 A thin translation over the native request path: the same API keys (Bearer), the same rate
-limit bucket as ``POST /api/v1/request`` (one budget per key across both APIs), and the same
+limit bucket as ``POST /api/v1/request`` (one budget per key across the APIs), and the same
 ``Instance.start_task`` / ``open_task`` (placement on any instance's nodes, admission queue,
-timeouts). Only the shapes differ: the messages become one prompt (``openai_prompt``), the
-answer and the errors take OpenAI's shapes (``openai_schemas``, ``openai_errors``).
+timeouts). The messages and parameters pass through to the node as a conversation and options
+(``openai_params``); the answer, its usage and the errors take OpenAI's shapes
+(``openai_schemas``, ``openai_errors``); the streams are ``openai_streams``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
-import trio
 from quart import Blueprint, Quart, Response
 from quart_schema import document_request, document_response, security_scheme
 
-from coordinator.api.openai_errors import (
-    install_openai_error_handlers,
-    openai_error_body,
-    status_and_code,
-)
-from coordinator.api.openai_prompt import build_prompt
+from coordinator.api.openai_errors import install_openai_error_handlers
+from coordinator.api.openai_params import chat_messages, completion_prompt, options_of
 from coordinator.api.openai_schemas import (
     AssistantMessage,
     ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChunkChoice,
-    ChunkDelta,
     CompletionChoice,
+    CompletionRequest,
     ModelCard,
     ModelList,
     OpenAIErrorResponse,
-    Usage,
+    TextChoice,
+    TextCompletion,
+)
+from coordinator.api.openai_streams import (
+    CHAT_ID_PREFIX,
+    TEXT_ID_PREFIX,
+    ChatChunks,
+    TextChunks,
+    stream_task,
+    task_headers,
+    usage_of,
 )
 from coordinator.api.responses import json_response
 from coordinator.api.routes import authenticate, decode_body, instance, read_raw_body
 from coordinator.api.schemas import NodeInfo
-from coordinator.errors import GemmaNetError
+from coordinator.errors import NoNodeForModel
 from coordinator.runtime import instance_status
 from coordinator.runtime.instance import Instance
-from coordinator.runtime.task_handle import ChunkEvent, DoneEvent, TaskHandle
+from protocol import Message, Options
 
 F = TypeVar("F", bound=Callable[..., Any])
-_json = msgspec.json.Encoder()
 _BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
-COMPLETION_ID_PREFIX = "chatcmpl-"
-STREAM_END = b"data: [DONE]\n\n"
 
 
 def _openai_errors(*statuses: int) -> Callable[[F], F]:
@@ -64,16 +66,40 @@ def _openai_errors(*statuses: int) -> Callable[[F], F]:
 
 
 def completion_id(task_id: str) -> str:
-    """``chatcmpl-<task id>``: the task id is what ``/api/v1/tasks/{task_id}/rating`` takes."""
-    return COMPLETION_ID_PREFIX + task_id
+    """``chatcmpl-<task id>``: ``/api/v1/tasks/{id}/rating`` takes it (or the bare task id)."""
+    return CHAT_ID_PREFIX + task_id
 
 
-def _task_headers(handle: TaskHandle) -> dict[str, str]:
-    return {"X-GemmaNet-Task-Id": handle.task_id, "X-GemmaNet-Node-Id": handle.node_id}
+async def _served_models() -> list[ModelCard]:
+    nodes = msgspec.convert(await instance_status.cluster_nodes(instance()), list[NodeInfo])
+    first_seen: dict[str, int] = {}
+    for node in nodes:
+        connected = int(node.connected_at or 0)
+        for model in node.models:
+            first_seen[model] = min(first_seen.get(model, connected), connected)
+    return [ModelCard(id=model, created=first_seen[model]) for model in sorted(first_seen)]
 
 
-def _sse(body: msgspec.Struct) -> bytes:
-    return b"data: " + _json.encode(body) + b"\n\n"
+async def _run(
+    inst: Instance,
+    key_id: str,
+    body: ChatCompletionRequest | CompletionRequest,
+    *,
+    prompt: str | None = None,
+    messages: list[Message] | None = None,
+    options: Options,
+) -> tuple[str, str, Any]:
+    async with inst.open_task(
+        key_id=key_id,
+        model=body.model,
+        prompt=prompt,
+        messages=messages,
+        options=options,
+        stream=False,
+        timeout_s=body.timeout_s,
+    ) as handle:
+        done = await handle.result()
+    return handle.task_id, handle.node_id, done
 
 
 def register_openai_routes(app: Quart) -> None:
@@ -86,39 +112,85 @@ def register_openai_routes(app: Quart) -> None:
     @document_response(ChatCompletion)
     @_openai_errors(400, 401, 404, 413, 422, 429, 502, 503, 504)
     async def chat_completions() -> Response:
-        """OpenAI's chat completion, run as one task on a node serving the model.
+        """OpenAI's chat completion, run as one task on a node serving the model: the
+        messages and sampling parameters reach the node's model server as they are.
 
         With `stream: true` the 200 is `text/event-stream`: `chat.completion.chunk` objects
-        (the role, then the content deltas, then an empty delta with `finish_reason: "stop"`)
-        and `data: [DONE]`; a failure after the stream began is one `{"error": {…}}` chunk in
-        this route's error shape, and the stream ends without `[DONE]`.
+        (the role, then the content deltas, then an empty delta with the `finish_reason`),
+        with `stream_options.include_usage` a last chunk with no choices and the `usage`,
+        then `data: [DONE]`; a failure after the stream began is one `{"error": {…}}` chunk
+        in this route's error shape, and the stream ends without `[DONE]`.
         """
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
         await inst.check_rate_limit(api_key.key_id)
         body = decode_body(data, ChatCompletionRequest)
-        prompt = build_prompt(body.messages)
+        options = options_of(body)
+        messages = chat_messages(body.messages)
         created = int(time.time())
         if body.stream:
-            return await _stream(inst, api_key.key_id, body, prompt, created)
-        async with inst.open_task(
-            key_id=api_key.key_id,
-            model=body.model,
-            prompt=prompt,
-            stream=False,
-            timeout_s=body.timeout_s,
-        ) as handle:
-            done = await handle.result()
-        choice = CompletionChoice(message=AssistantMessage(content=done.output))
+            return await stream_task(
+                inst,
+                api_key.key_id,
+                body,
+                ChatChunks(body.model, created, body.include_usage),
+                messages=messages,
+                options=options,
+            )
+        task_id, node_id, done = await _run(
+            inst, api_key.key_id, body, messages=messages, options=options
+        )
+        choice = CompletionChoice(
+            message=AssistantMessage(content=done.output),
+            finish_reason=done.finish_reason or "stop",
+        )
         completion = ChatCompletion(
-            id=completion_id(handle.task_id),
+            id=completion_id(task_id),
             created=created,
             model=body.model,
             choices=[choice],
-            usage=Usage(),
+            usage=usage_of(done.usage),
         )
-        return json_response(completion, headers=_task_headers(handle))
+        return json_response(completion, headers=task_headers(task_id, node_id))
+
+    @blueprint.post("/completions")
+    @security_scheme(_BEARER)
+    @document_request(CompletionRequest)
+    @document_response(TextCompletion)
+    @_openai_errors(400, 401, 404, 413, 422, 429, 502, 503, 504)
+    async def completions() -> Response:
+        """OpenAI's (legacy) text completion: the raw `prompt` reaches the node's model server
+        without a chat template (Ollama's `/api/generate`, a server's `/v1/completions`).
+
+        With `stream: true` the 200 is `text/event-stream`: `text_completion` objects with the
+        text deltas, then one with the `finish_reason`, with `stream_options.include_usage` a
+        last one with no choices and the `usage`, then `data: [DONE]`.
+        """
+        data = await read_raw_body()
+        api_key = await authenticate()
+        inst = instance()
+        await inst.check_rate_limit(api_key.key_id)
+        body = decode_body(data, CompletionRequest)
+        options = options_of(body)
+        prompt = completion_prompt(body)
+        created = int(time.time())
+        if body.stream:
+            chunks = TextChunks(body.model, created, body.include_usage)
+            return await stream_task(
+                inst, api_key.key_id, body, chunks, prompt=prompt, options=options
+            )
+        task_id, node_id, done = await _run(
+            inst, api_key.key_id, body, prompt=prompt, options=options
+        )
+        completion = TextCompletion(
+            id=TEXT_ID_PREFIX + task_id,
+            created=created,
+            model=body.model,
+            choices=[TextChoice(text=done.output, finish_reason=done.finish_reason or "stop")],
+            usage=usage_of(done.usage),
+        )
+        return json_response(completion, headers=task_headers(task_id, node_id))
 
     @blueprint.get("/models")
     @security_scheme(_BEARER)
@@ -127,77 +199,19 @@ def register_openai_routes(app: Quart) -> None:
     async def models() -> Response:
         """Every model an online node serves, on any instance."""
         await authenticate()
-        nodes = msgspec.convert(await instance_status.cluster_nodes(instance()), list[NodeInfo])
-        first_seen: dict[str, int] = {}
-        for node in nodes:
-            connected = int(node.connected_at or 0)
-            for model in node.models:
-                first_seen[model] = min(first_seen.get(model, connected), connected)
-        cards = [ModelCard(id=model, created=first_seen[model]) for model in sorted(first_seen)]
-        return json_response(ModelList(data=cards))
+        return json_response(ModelList(data=await _served_models()))
+
+    @blueprint.get("/models/<path:model_id>")
+    @security_scheme(_BEARER)
+    @document_response(ModelCard)
+    @_openai_errors(401, 404)
+    async def model(model_id: str) -> Response:
+        """One model, if an online node serves it (on any instance); 404 `model_not_found`
+        otherwise. Model names may hold `/` and `:` (`org/model`, `gemma3:4b`)."""
+        await authenticate()
+        for card in await _served_models():
+            if card.id == model_id:
+                return json_response(card)
+        raise NoNodeForModel(f"no online node serves model {model_id!r}")
 
     app.register_blueprint(blueprint)
-
-
-async def _stream(
-    inst: Instance, key_id: str, body: ChatCompletionRequest, prompt: str, created: int
-) -> Response:
-    """Like the native stream: the first event is awaited before answering 200, so a task that
-    fails before producing anything gets its real status and error body."""
-    handle = await inst.start_task(
-        key_id=key_id, model=body.model, prompt=prompt, stream=True, timeout_s=body.timeout_s
-    )
-    try:
-        first = await handle.next_event()
-    except GemmaNetError as exc:
-        await inst.end_task(handle, exc.code)
-        raise
-    except BaseException:
-        await inst.end_task(handle, "client_gone")
-        raise
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_task_headers(handle)}
-    chunks = _chunks(inst, handle, first, model=body.model, created=created)
-    return Response(chunks, 200, headers, content_type="text/event-stream")
-
-
-async def _chunks(
-    inst: Instance,
-    handle: TaskHandle,
-    first: ChunkEvent | DoneEvent,
-    *,
-    model: str,
-    created: int,
-) -> AsyncIterator[bytes]:
-    def chunk(delta: ChunkDelta, finish_reason: Literal["stop"] | None = None) -> bytes:
-        choice = ChunkChoice(delta=delta, finish_reason=finish_reason)
-        return _sse(
-            ChatCompletionChunk(
-                id=completion_id(handle.task_id), created=created, model=model, choices=[choice]
-            )
-        )
-
-    outcome = "client_gone"
-    try:
-        yield chunk(ChunkDelta(role="assistant"))
-        streamed = False
-        event = first
-        while isinstance(event, ChunkEvent):
-            if event.delta:
-                streamed = True
-                yield chunk(ChunkDelta(content=event.delta))
-            event = await handle.next_event()
-        outcome = "ok"
-    except GemmaNetError as exc:
-        outcome = exc.code
-        await inst.end_task(handle, outcome)
-        status, code = status_and_code(exc)
-        yield _sse(openai_error_body(status, code, exc.client_message))
-        return
-    finally:
-        with trio.CancelScope(shield=True):
-            await inst.end_task(handle, outcome)
-    if not streamed and event.output:
-        # A backend that answered in one piece: its output is the one content delta.
-        yield chunk(ChunkDelta(content=event.output))
-    yield chunk(ChunkDelta(), "stop")
-    yield STREAM_END

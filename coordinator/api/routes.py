@@ -30,6 +30,8 @@ from coordinator.api.schemas import (
     StreamErrorEvent,
     TaskRequest,
     TaskResponse,
+    TaskTimings,
+    TokenUsage,
 )
 from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
 from coordinator.runtime import instance_status
@@ -161,29 +163,42 @@ def register_routes(app: Quart) -> None:
     @document_response(TaskResponse)
     @_errors(400, 401, 413, 422, 429, 502, 503, 504)
     async def submit_request() -> Response:
-        """Run one task on a node serving the model.
+        """Run one task on a node serving the model: on `prompt`, or on `messages` (a
+        conversation), with sampling `options`.
 
         With `stream: true` the 200 is `text/event-stream` instead: `{"delta"}` events, then
-        `{"done": true, "task_id", "node_id", "output"}`, or an `{"error": {"code", "message",
-        "status"}}` event when the task fails after the stream began.
+        `{"done": true, "task_id", "node_id", "output", "usage", "finish_reason", "timings"}`,
+        or an `{"error": {"code", "message", "status"}}` event when the task fails after the
+        stream began.
         """
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
         await inst.check_rate_limit(api_key.key_id)
         body = decode_body(data, TaskRequest)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidFields("invalid request: give exactly one of 'prompt' and 'messages'")
         if body.stream:
             return await _stream(inst, api_key, body)
         async with inst.open_task(
             key_id=api_key.key_id,
             model=body.model,
             prompt=body.prompt,
+            messages=body.messages,
+            options=body.options,
             stream=False,
             timeout_s=body.timeout_s,
         ) as handle:
             done = await handle.result()
         return json_response(
-            TaskResponse(task_id=handle.task_id, node_id=handle.node_id, output=done.output)
+            TaskResponse(
+                task_id=handle.task_id,
+                node_id=handle.node_id,
+                output=done.output,
+                usage=TokenUsage.of(done.usage),
+                finish_reason=done.finish_reason,
+                timings=TaskTimings.of(done.timings),
+            )
         )
 
     @app.post("/api/v1/tasks/<task_id>/rating")
@@ -196,6 +211,8 @@ def register_routes(app: Quart) -> None:
         data = await read_raw_body()
         api_key = await authenticate()
         body = decode_body(data, RatingRequest)
+        # The ids the OpenAI-compatible routes hand out rate their task too.
+        task_id = task_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
         # TaskNotFound (404), TaskForbidden (403) and AlreadyRated (409) answer for themselves.
         await instance().rate_task(task_id, api_key.key_id, body.score)
         return json_response(RatingResponse(task_id=task_id, score=body.score))
@@ -208,6 +225,8 @@ async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Respons
         key_id=api_key.key_id,
         model=body.model,
         prompt=body.prompt,
+        messages=body.messages,
+        options=body.options,
         stream=True,
         timeout_s=body.timeout_s,
     )
@@ -243,4 +262,13 @@ async def _events(
         with trio.CancelScope(shield=True):
             await inst.end_task(handle, outcome)
     # The task is recorded (queued for the next batch write) before the final event.
-    yield _sse(DoneEvent(task_id=handle.task_id, node_id=handle.node_id, output=event.output))
+    yield _sse(
+        DoneEvent(
+            task_id=handle.task_id,
+            node_id=handle.node_id,
+            output=event.output,
+            usage=TokenUsage.of(event.usage),
+            finish_reason=event.finish_reason,
+            timings=TaskTimings.of(event.timings),
+        )
+    )

@@ -13,7 +13,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from protocol import FinishReason, Options, Timings, Usage
 from protocol.constraints import MAX_MODEL_NAME_LENGTH, MAX_TIMEOUT_S
+from protocol.conversation import Messages
 from protocol.telemetry import TelemetrySample
 
 # The limits of the Assign envelope the request becomes (protocol.constraints), except that a
@@ -30,8 +32,14 @@ class _Response(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class TaskRequest(msgspec.Struct, kw_only=True):
+    """``prompt`` (one string, sent as is) or ``messages`` (a conversation the node's model
+    server applies its chat template to): exactly one. ``options``: sampling controls, each
+    range-checked here (422) so no node sees a value its server refuses."""
+
     model: ModelName
-    prompt: str
+    prompt: str | None = None
+    messages: Messages | None = None
+    options: Options | None = None
     stream: bool = False
     timeout_s: TimeoutS | None = None
 
@@ -47,14 +55,48 @@ class HealthResponse(_Response):
     ok: bool
 
 
-class TaskResponse(_Response):
+class TokenUsage(_Response):
+    """Tokens as the node's model server counted them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, usage: Usage | None) -> TokenUsage | None:
+        if usage is None:
+            return None
+        return cls(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+        )
+
+
+class TaskTimings(_Response):
+    """Measured by the node: to its first output (None: there was none) and to its end."""
+
+    ttft_s: float | None
+    total_s: float
+
+    @classmethod
+    def of(cls, timings: Timings | None) -> TaskTimings | None:
+        return None if timings is None else cls(ttft_s=timings.ttft_s, total_s=timings.total_s)
+
+
+class TaskResponse(_Response, kw_only=True):
     task_id: str
     node_id: str
     output: str
+    # None when the node did not say (a protocol v1 node, a server that does not count).
+    usage: TokenUsage | None = None
+    finish_reason: FinishReason | None = None
+    timings: TaskTimings | None = None
 
     __event_stream__ = (
         'with "stream": true: `data: {"delta"}` events, then `data: {"done": true, "task_id",'
-        ' "node_id", "output"}` or `data: {"error": {"code", "message", "status"}}`'
+        ' "node_id", "output", "usage", "finish_reason", "timings"}` or `data: {"error":'
+        ' {"code", "message", "status"}}`'
     )
 
 
@@ -157,6 +199,9 @@ class DoneEvent(_Response, kw_only=True):
     task_id: str
     node_id: str
     output: str
+    usage: TokenUsage | None = None
+    finish_reason: FinishReason | None = None
+    timings: TaskTimings | None = None
 
 
 class StreamErrorDetail(_Response):
