@@ -23,12 +23,17 @@ from tests.fixtures.raw_node import RawNode, raw_node
 
 pytestmark = pytest.mark.e2e
 
-CHAT, MODELS = "/v1/chat/completions", "/v1/models"
+CHAT, TEXT, MODELS = "/v1/chat/completions", "/v1/completions", "/v1/models"
+MODEL = "/v1/models/{model_id}"
 RATE = 4
 
 
 def ask(word: str, **extra: object) -> dict[str, object]:
     return {"model": "raw", "messages": [{"role": "user", "content": word}], **extra}
+
+
+def ask_text(word: str, **extra: object) -> dict[str, object]:
+    return {"model": "raw", "prompt": word, **extra}
 
 
 async def play(node: RawNode, hung: list[trio.Event] | None = None) -> None:
@@ -58,10 +63,12 @@ async def test_every_v1_status_is_given_and_documented(procs: Processes) -> None
     seen: list[tuple[str, str, httpx.Response]] = []
     async with httpx.AsyncClient(base_url=coord.url, timeout=30) as http:
 
-        async def send(method: str, path: str, key: str | None = None, **kw: Any) -> httpx.Response:
+        async def send(
+            method: str, path: str, key: str | None = None, *, route: str = "", **kw: Any
+        ) -> httpx.Response:
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             response = await http.request(method, path, headers=headers, **kw)
-            seen.append((path, method.lower(), response))
+            seen.append((route or path, method.lower(), response))
             return response
 
         doc = (await http.get("/openapi.json")).json()
@@ -77,6 +84,10 @@ async def test_every_v1_status_is_given_and_documented(procs: Processes) -> None
             fresh = procs.create_key
             await send("GET", MODELS, fresh())  # 200
             await send("GET", MODELS)  # 401
+            await send("GET", "/v1/models/raw", fresh(), route=MODEL)  # 200
+            await send("GET", "/v1/models/raw", route=MODEL)  # 401
+            await send("GET", "/v1/models/org/none:1", fresh(), route=MODEL)  # 404
+            await _text_statuses(send, fresh)
             ok = await send("POST", CHAT, fresh(), json=ask("ok"))
             assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == (
                 "user: ok\nassistant:"
@@ -114,6 +125,8 @@ async def test_every_v1_status_is_given_and_documented(procs: Processes) -> None
             busy = await send("POST", CHAT, fresh(), json=ask("ok"))
             assert busy.json()["error"]["code"] == "all_nodes_busy", busy.text
             assert int(busy.headers["Retry-After"]) >= 1
+            busy_text = await send("POST", TEXT, fresh(), json=ask_text("ok"))
+            assert busy_text.json()["error"]["code"] == "all_nodes_busy", busy_text.text
             nursery.cancel_scope.cancel()
 
     for path, method, response in seen:
@@ -128,6 +141,29 @@ async def test_every_v1_status_is_given_and_documented(procs: Processes) -> None
     }
     produced = {(p, m, str(r.status_code)) for p, m, r in seen}
     assert documented == produced, (sorted(documented - produced), sorted(produced - documented))
+
+
+async def _text_statuses(send: Any, fresh: Any) -> None:
+    """Every status of /v1/completions but the queue's 503 (given with the chat route's, while
+    the node's one slot is taken)."""
+    ok = await send("POST", TEXT, fresh(), json=ask_text("ok"))
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "ok", ok.text
+    await send("POST", TEXT, fresh(), content=b"{")  # 400
+    unsupported = await send("POST", TEXT, fresh(), json=ask_text("ok", echo=True))  # 400
+    assert unsupported.json()["error"]["param"] == "echo", unsupported.text
+    await send("POST", TEXT, json=ask_text("ok"))  # 401
+    await send("POST", TEXT, fresh(), json={**ask_text("ok"), "model": "elsewhere"})  # 404
+    big = b'{"model": "raw", "prompt": "' + b"x" * Settings.max_body_bytes
+    await send("POST", TEXT, fresh(), content=big + b'"}')  # 413
+    await send("POST", TEXT, fresh(), json={"model": "raw"})  # 422
+    limited = fresh()
+    for _ in range(RATE + 1):
+        last = await send("POST", TEXT, limited, json={})
+    assert last.status_code == 429
+    failed = await send("POST", TEXT, fresh(), json=ask_text("fail"))
+    assert failed.json()["error"]["code"] == "node_error", failed.text
+    hang = await send("POST", TEXT, fresh(), json=ask_text("hang", timeout_s=0.5))
+    assert hang.json()["error"]["code"] == "task_timeout", hang.text
 
 
 def collect_until_error(coord: Coordinator, key: str) -> tuple[list[str], openai.APIError]:
