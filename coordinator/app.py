@@ -16,6 +16,7 @@ from coordinator.api.openai_routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.api.system_health import register_system_health
+from coordinator.api.usage_routes import register_usage_routes
 from coordinator.coordination.factory import coordination_for, create_bus
 from coordinator.coordination.memory_bus_hub import MemoryBusHub
 from coordinator.errors import StartupRefused
@@ -112,6 +113,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     )
     install_error_handlers(app)
     register_routes(app)
+    register_usage_routes(app)
     register_openai_routes(app)
     register_system_health(app)
     install_metrics(app, settings)

@@ -1,4 +1,5 @@
-"""Simulated nodes and the in-memory sockets they speak protocol v1 over.
+"""Simulated nodes and the in-memory sockets they speak the node protocol over (half of them
+offer v2 and report usage, half speak only v1 and get conversations as transcripts).
 
 The instance side of a socket is served by the production ``serve_node_socket``; the node side
 is a small honest agent — or, when told to, a forger that answers tasks it was never given."""
@@ -21,9 +22,12 @@ from protocol import (
     Heartbeat,
     Hello,
     Result,
+    Usage,
     Welcome,
     decode_node,
     encode,
+    stamped,
+    transcript,
 )
 from sim.faults import Gate
 from sim.trace import Trace
@@ -115,6 +119,10 @@ class SimNode:
     home: str | None = None
     #: GPU memory budget sent in the hello (None: the node does not say)
     vram_gb: float | None = None
+    #: offers protocol v2 in its hello (and then reports usage), or speaks only v1
+    speaks_v2: bool = False
+    #: the version of the current connection (its welcome's)
+    protocol: int = 1
     slow_until: float = 0.0
     #: the heartbeat interval of the current connection (its welcome's, or what it was told)
     interval_s: float = 1.0
@@ -168,11 +176,13 @@ class SimNode:
                     models=self.models,
                     max_parallel=self.max_parallel,
                     vram_gb=self.vram_gb,
+                    protocols=[1, 2] if self.speaks_v2 else msgspec.UNSET,
                 )
             ).decode()
         )
         welcome = decode_node(await pair.node_receive())
         assert isinstance(welcome, Welcome)
+        self.protocol = welcome.v
         self.interval_s = welcome.heartbeat_interval_s
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._beat, pair)
@@ -191,6 +201,8 @@ class SimNode:
                         task=envelope.task_id,
                         running=len(self.tasks),
                         max_parallel=self.max_parallel,
+                        protocol=self.protocol,
+                        v=envelope.v,
                     )
                     nursery.start_soon(self._work, pair, envelope, scope)
                     if self.forger:
@@ -211,7 +223,12 @@ class SimNode:
             delay = self.rng.uniform(low, high)
             if trio.current_time() < self.slow_until:
                 delay *= 10
-            words = assign.prompt.split(" ")
+            # The echo answer: the prompt, or a conversation's transcript.
+            text = assign.prompt
+            if text is None:
+                assert assign.messages is not msgspec.UNSET
+                text = transcript(assign.messages)
+            words = text.split(" ")
             chunks = [w + " " for w in words[:-1]] + [words[-1]]
             if assign.stream:
                 for seq, chunk in enumerate(chunks):
@@ -223,9 +240,12 @@ class SimNode:
                 await trio.sleep(delay)
             result = Result(
                 task_id=assign.task_id,
-                output=assign.prompt,
+                output=text,
                 chunks=len(chunks) if assign.stream else 0,
             )
+            if self.protocol >= 2:
+                usage = Usage(prompt_tokens=len(words), completion_tokens=len(text.split()))
+                result = stamped(msgspec.structs.replace(result, usage=usage))
             await pair.node_send(encode(result).decode())
             self.trace.emit("node.answer", node=self.node_id, task=assign.task_id)
         self.tasks.pop(assign.task_id, None)

@@ -76,7 +76,8 @@ class OwnAnswerFromAssignedNode(Invariant):
     def observe(self, event: Event) -> None:
         kind = event["kind"]
         if kind == "request.start":
-            self.prompts[event["rid"]] = event["prompt"]
+            # What the echo node answers: the prompt, or a conversation's transcript.
+            self.prompts[event["rid"]] = event.get("expect", event["prompt"])
         elif kind == "node.assign":
             self.assigned.setdefault(event["task"], []).append(event["node"])
         elif kind == "request.end" and event["outcome"] == "ok":
@@ -338,6 +339,37 @@ class NoStaleFacts(Invariant):
                     )
 
 
+class TasksInTheNodesVersion(Invariant):
+    """A node speaking only protocol v1 is never sent a v2 envelope (it gets a conversation as
+    its transcript), and an answer reports usage exactly when the node that gave it speaks v2,
+    with the node's own count — never a made-up or a crossed one."""
+
+    name = "node-version"
+
+    def __init__(self) -> None:
+        self.protocol: dict[tuple[str, str], int] = {}
+
+    def observe(self, event: Event) -> None:
+        kind = event["kind"]
+        if kind == "node.assign":
+            if event["protocol"] < event["v"]:
+                self.fail(
+                    f"node {event['node']} (v{event['protocol']}) got a v{event['v']} assign",
+                    event["t"],
+                )
+            self.protocol[(event["task"], event["node"])] = event["protocol"]
+        elif kind == "request.end" and event["outcome"] == "ok":
+            version = self.protocol.get((event["task"], event["node"]))
+            tokens = event["completion_tokens"]
+            expected = len(event["output"].split()) if version == 2 else None
+            if tokens != expected:
+                self.fail(
+                    f"request {event['rid']} reports {tokens} completion tokens from a"
+                    f" v{version} node, not {expected}",
+                    event["t"],
+                )
+
+
 ALL_INVARIANTS: list[type[Invariant]] = [
     EveryRequestEndsOnce,
     OwnAnswerFromAssignedNode,
@@ -348,6 +380,7 @@ ALL_INVARIANTS: list[type[Invariant]] = [
     QueueOrderKept,
     OneMonitorPerEpoch,
     NoStaleFacts,
+    TasksInTheNodesVersion,
 ]
 
 

@@ -18,7 +18,7 @@ from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
 from coordinator.errors import GemmaNetError, StartupRefused
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings
-from protocol import CloseCode
+from protocol import CloseCode, Message, transcript
 from sim import mutations
 from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
 from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
@@ -307,6 +307,8 @@ class World:
             connect=self._connect,
             forger=forger,
             home=home,
+            # Every other node offers v2: both versions serve side by side under every fault.
+            speaks_v2=len(self.nodes) % 2 == 1,
         )
         if forger:
             self.store.enroll(node_id + "-x")
@@ -329,6 +331,9 @@ class World:
             rid = f"r{self.request_count}"
             prompt = " ".join([rid] + [rng.choice(WORDS) for _ in range(rng.randint(0, 5))])
             stream = rng.random() < self.config.stream_fraction
+            # Every other request is a conversation: a v2 node gets it as messages, a v1 node as
+            # the transcript, and both echo the transcript.
+            conversation = self.request_count % 2 == 0
             model = rng.choice(["m1", "m2", "m3"])
             walk_away = (
                 rng.uniform(0.05, 2.0) if rng.random() < self.plan.client_disconnect else None
@@ -340,10 +345,15 @@ class World:
                 rid=rid,
                 instance=sim.name,
                 prompt=prompt,
+                expect=transcript([Message(role="user", content=prompt)])
+                if conversation
+                else prompt,
                 stream=stream,
                 model=model,
             )
-            sim.nursery.start_soon(self._request, sim, key, rid, prompt, model, stream, walk_away)
+            sim.nursery.start_soon(
+                self._request, sim, key, rid, prompt, conversation, model, stream, walk_away
+            )
 
     async def _request(
         self,
@@ -351,6 +361,7 @@ class World:
         key: str,
         rid: str,
         prompt: str,
+        conversation: bool,
         model: str,
         stream: bool,
         walk_away: float | None,
@@ -373,8 +384,13 @@ class World:
                     await instance.check_rate_limit(key)
                     limit, period = instance.settings.rate_limit
                     self.trace.emit("ratelimit.allowed", key=key, limit=limit, period=period)
+                    content: dict[str, Any] = (
+                        {"messages": [Message(role="user", content=prompt)]}
+                        if conversation
+                        else {"prompt": prompt}
+                    )
                     async with instance.open_task(
-                        key_id=key, model=model, prompt=prompt, stream=stream, timeout_s=None
+                        key_id=key, model=model, stream=stream, timeout_s=None, **content
                     ) as handle:
                         task = handle.task_id
                         self.trace.emit(
@@ -384,8 +400,14 @@ class World:
                             instance=sim.name,
                             node=handle.node_id,
                         )
-                        output = (await handle.result()).output
-                    end("ok", node=handle.node_id, output=output)
+                        done = await handle.result()
+                    usage = done.usage
+                    end(
+                        "ok",
+                        node=handle.node_id,
+                        output=done.output,
+                        completion_tokens=None if usage is None else usage.completion_tokens,
+                    )
                 except GemmaNetError as exc:
                     end(exc.code)
             if client_scope.cancelled_caught and not ended:

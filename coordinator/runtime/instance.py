@@ -536,6 +536,8 @@ class Instance:
         handle.outcome = outcome
         local = handle.owner_instance == self.instance_id
         self.metrics.task_ended(outcome, local=local, took_s=self.clock() - handle.began_at)
+        if handle.done is not None and handle.done.usage is not None:
+            self.metrics.tokens_used(handle.model, handle.done.usage)
         task_log.task_ended(handle.task_id, handle.node_id, outcome)
         self._waiting.pop(handle.task_id, None)
         self.apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))

@@ -8,7 +8,9 @@ stays free of metrics code.
 
 Labels stay low-cardinality: never task ids or key ids. The one exception, documented in the
 README, is ``node_id`` on ``gemmanet_node_replaced_total``: node ids are enrolled by the
-operator (a bounded set), and per-node flapping is what the rollout check looks for.
+operator (a bounded set), and per-node flapping is what the rollout check looks for. ``model``
+on ``gemmanet_tokens_total`` is bounded the same way: only a task a node ran reports usage, so
+only models the operator's nodes serve appear (per-key usage is ``GET /api/v1/usage``).
 
 Counted where they happen:
 
@@ -26,6 +28,9 @@ gemmanet_task_outcomes_total                counter    code ("ok", "client_gone"
                                                        client that left); refusals before a node
                                                        was chosen included (no_node_for_model,
                                                        all_nodes_busy after the queue, …)
+gemmanet_tokens_total                       counter    model, kind="prompt"|"completion": tokens
+                                                       of the tasks that ended with usage, as the
+                                                       node's model server counted them
 gemmanet_node_connects_total                counter    node connections registered
 gemmanet_node_closes_total                  counter    code: the close code sent ("4000" replaced,
                                                        "4003" heartbeat timeout, …) or "gone"
@@ -74,6 +79,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from coordinator.errors import GemmaNetError
+from protocol import Usage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -171,6 +177,9 @@ class Metrics:
         self.task_outcomes = Counter(
             "gemmanet_task_outcomes", "task outcomes by code", ["code", "status"], registry=r
         )
+        self.tokens = Counter(
+            "gemmanet_tokens", "tokens counted by model servers", ["model", "kind"], registry=r
+        )
         self.node_connects = Counter(
             "gemmanet_node_connects", "node connections registered", registry=r
         )
@@ -238,6 +247,11 @@ class Metrics:
     def task_ended(self, outcome: str, *, local: bool, took_s: float) -> None:
         self.task_outcome(outcome)
         self.task_duration.labels(path="local" if local else "remote").observe(took_s)
+
+    def tokens_used(self, model: str, usage: Usage) -> None:
+        """A task ended with the usage its node reported (a task without usage counts nothing)."""
+        self.tokens.labels(model=model, kind="prompt").inc(usage.prompt_tokens)
+        self.tokens.labels(model=model, kind="completion").inc(usage.completion_tokens)
 
     def node_closed(self, node_id: str, code: int | None) -> None:
         """``code`` None: the node's side went away before we closed it."""

@@ -13,12 +13,16 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .schema import api_keys
+from .schema import api_keys, tasks
 
 log = logging.getLogger(__name__)
 
 #: (table, column name) of every column added after its table first shipped, oldest first.
-ADDED_COLUMNS: tuple[tuple[sa.Table, str], ...] = ((api_keys, "is_admin"),)
+ADDED_COLUMNS: tuple[tuple[sa.Table, str], ...] = (
+    (api_keys, "is_admin"),
+    (tasks, "prompt_tokens"),
+    (tasks, "completion_tokens"),
+)
 
 
 def add_missing_columns(conn: Connection) -> list[str]:

@@ -38,3 +38,21 @@ class TaskRecord:
     @property
     def latency_ms(self) -> float:
         return max(0.0, (self.finished_at - self.created_at) * 1000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Token usage of one key on one model over a time window (``Store.usage``)."""
+
+    key_id: str
+    model: str
+    #: every recorded task, ok or failed
+    tasks: int
+    #: of those, the ones whose node reported no usage (failed tasks, older nodes)
+    tasks_without_usage: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

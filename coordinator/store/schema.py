@@ -2,8 +2,8 @@
 
 Indexes follow the queries: API keys are looked up by hash (unique), node tokens and tasks and
 ratings by primary key; ``node_ratings`` joins ratings to tasks on the task primary key and
-groups by ``tasks.node_id``; ``tasks(key_id, created_at)`` serves per-key history and
-``tasks(created_at)`` retention sweeps.
+groups by ``tasks.node_id``; ``tasks(key_id, created_at)`` serves per-key history and usage
+(``Store.usage`` for one key), ``tasks(created_at)`` retention sweeps and usage over every key.
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ tasks = sa.Table(
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("stream", sa.Boolean, nullable=False),
     sa.Column("instance_id", sa.String(255), nullable=False),
+    # Tokens as the node's model server counted them; NULL when it did not say (a failed task,
+    # an older node). BIGINT: the protocol allows counts up to 2**53 - 1, past PostgreSQL's
+    # INTEGER, and one out-of-range value would fail its whole batch of records.
+    # Added after the first release: ``migrations.add_missing_columns`` adds them.
+    sa.Column("prompt_tokens", sa.BigInteger, nullable=True),
+    sa.Column("completion_tokens", sa.BigInteger, nullable=True),
     sa.Index("ix_tasks_node_id", "node_id"),
     sa.Index("ix_tasks_key_id_created_at", "key_id", "created_at"),
     sa.Index("ix_tasks_created_at", "created_at"),

@@ -24,8 +24,9 @@ from . import tokens
 from .cache import TtlCache
 from .engine import create_engine, create_tables, is_sqlite_memory, normalize_url, safe_url
 from .errors import AlreadyRated, StoreError, StoreUnavailable, TaskForbidden, TaskNotFound
-from .records import TASK_STATUSES, ApiKey, TaskRecord
+from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow
 from .schema import api_keys, node_tokens, ratings, tasks
+from .usage import check_usage_window, usage_query, usage_rows
 
 log = logging.getLogger(__name__)
 
@@ -251,21 +252,7 @@ class Store:
             raise ValueError(f"task status must be one of {sorted(TASK_STATUSES)}")
         try:
             with self._transaction() as conn:
-                conn.execute(
-                    tasks.insert().values(
-                        task_id=record.task_id,
-                        key_id=record.key_id,
-                        node_id=record.node_id,
-                        model=record.model,
-                        status=record.status,
-                        error_code=record.error_code,
-                        created_at=record.created_at,
-                        finished_at=record.finished_at,
-                        latency_ms=record.latency_ms,
-                        stream=record.stream,
-                        instance_id=record.instance_id,
-                    )
-                )
+                conn.execute(tasks.insert().values(**_task_row(record)))
         except sa.exc.IntegrityError as exc:
             raise StoreError(f"task {record.task_id} was already recorded") from exc
 
@@ -280,22 +267,7 @@ class Store:
         for record in records:
             if record.status not in TASK_STATUSES:
                 raise ValueError(f"task status must be one of {sorted(TASK_STATUSES)}")
-        rows = [
-            {
-                "task_id": r.task_id,
-                "key_id": r.key_id,
-                "node_id": r.node_id,
-                "model": r.model,
-                "status": r.status,
-                "error_code": r.error_code,
-                "created_at": r.created_at,
-                "finished_at": r.finished_at,
-                "latency_ms": r.latency_ms,
-                "stream": r.stream,
-                "instance_id": r.instance_id,
-            }
-            for r in records
-        ]
+        rows = [_task_row(r) for r in records]
         if not rows:
             return 0
         try:
@@ -332,10 +304,26 @@ class Store:
             finished_at=row.finished_at,
             stream=bool(row.stream),
             instance_id=row.instance_id,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
         )
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
         return await self._run(self.get_task_sync, task_id)
+
+    @_translate_errors
+    def usage_sync(self, since: float, until: float, key_id: str | None = None) -> list[UsageRow]:
+        check_usage_window(since, until)
+        with self._engine.connect() as conn:
+            return usage_rows(conn.execute(usage_query(since, until, key_id)))
+
+    async def usage(self, since: float, until: float, key_id: str | None = None) -> list[UsageRow]:
+        """Tokens and tasks per (key, model), ordered so, of the tasks created in [since,
+        until) (Unix seconds); ``key_id`` None: every key. ValueError for a bad window.
+
+        Only tasks already written count: records are written in batches (TaskRecorder),
+        so a task that just ended may be missing for that batch's interval."""
+        return await self._run(self.usage_sync, since, until, key_id)
 
     # ------------------------------------------------------------------ ratings
 
@@ -403,6 +391,25 @@ class Store:
     async def node_ratings(self) -> dict[str, tuple[float, int]]:
         """node_id -> (mean score, number of ratings), over every rated task of that node."""
         return await self._run(self.node_ratings_sync)
+
+
+def _task_row(record: TaskRecord) -> dict[str, object]:
+    """The ``tasks`` row of a record (both writers use it, so neither misses a column)."""
+    return {
+        "task_id": record.task_id,
+        "key_id": record.key_id,
+        "node_id": record.node_id,
+        "model": record.model,
+        "status": record.status,
+        "error_code": record.error_code,
+        "created_at": record.created_at,
+        "finished_at": record.finished_at,
+        "latency_ms": record.latency_ms,
+        "stream": record.stream,
+        "instance_id": record.instance_id,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+    }
 
 
 def check_key_name(name: str) -> None:

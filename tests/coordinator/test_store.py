@@ -20,8 +20,10 @@ from coordinator.store import (
     TaskForbidden,
     TaskNotFound,
     TaskRecord,
+    UsageRow,
     normalize_url,
 )
+from coordinator.store.schema import tasks as tasks_table
 
 T0 = 1_700_000_000.0
 
@@ -180,6 +182,73 @@ async def test_recorded_task_reads_back_unchanged(store: Store) -> None:
         await store.record_task(make_task("t-bad", "key_1", status="weird"))
 
 
+async def test_token_usage_is_written_by_both_writers_and_read_back(store: Store) -> None:
+    one = make_task("t-one", "key_1", prompt_tokens=3, completion_tokens=5)
+    batch = [
+        make_task("t-b1", "key_1", prompt_tokens=7, completion_tokens=0),
+        make_task("t-b2", "key_1", status="error", error_code="task_timeout"),  # no usage
+        make_task("t-big", "key_1", prompt_tokens=2**53 - 1, completion_tokens=2**40),
+    ]
+    await store.record_task(one)
+    assert await store.record_tasks(batch) == 3
+    for record in [one, *batch]:
+        assert await store.get_task(record.task_id) == record
+    # A replayed id makes the batch fall back to one by one; the others keep their usage.
+    again = make_task("t-b3", "key_1", prompt_tokens=1, completion_tokens=1)
+    assert await store.record_tasks([batch[0], again]) == 1
+    assert await store.get_task("t-b3") == again
+
+
+def usage_of(rows: list[UsageRow]) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+    return {
+        (r.key_id, r.model): (r.tasks, r.tasks_without_usage, r.prompt_tokens, r.completion_tokens)
+        for r in rows
+    }
+
+
+async def test_usage_sums_tokens_per_key_and_model_over_a_half_open_window(store: Store) -> None:
+    since, until = T0, T0 + 100
+
+    def task(task_id: str, key_id: str, model: str, at: float, usage: tuple[int, int] | None):
+        prompt, completion = usage if usage is not None else (None, None)
+        return make_task(
+            task_id, key_id, model=model, created_at=at, finished_at=at + 1,
+            prompt_tokens=prompt, completion_tokens=completion,
+            status="ok" if usage is not None else "error",
+            error_code=None if usage is not None else "node_error",
+        )  # fmt: skip
+
+    await store.record_tasks(
+        [
+            task("a1", "key_1", "echo", since, (3, 4)),  # the start is in the window
+            task("a2", "key_1", "echo", since + 50, (10, 20)),
+            task("a3", "key_1", "echo", since + 60, None),  # failed: counted, no tokens
+            task("a4", "key_1", "gemma", until - 0.001, (1, 2)),
+            task("b1", "key_2", "echo", since + 1, (100, 200)),
+            task("b2", "key_2", "nothing", since + 2, None),  # only tasks without usage
+            task("early", "key_1", "echo", since - 0.001, (1000, 1000)),
+            task("late", "key_1", "echo", until, (1000, 1000)),  # the end is not
+        ]
+    )
+    key_1 = {("key_1", "echo"): (3, 1, 13, 24), ("key_1", "gemma"): (1, 0, 1, 2)}
+    key_2 = {("key_2", "echo"): (1, 0, 100, 200), ("key_2", "nothing"): (1, 1, 0, 0)}
+    mine = await store.usage(since, until, "key_1")
+    assert usage_of(mine) == key_1
+    assert [(r.model, r.total_tokens) for r in mine] == [("echo", 37), ("gemma", 3)]
+    every = await store.usage(since, until)
+    assert usage_of(every) == key_1 | key_2
+    assert [(r.key_id, r.model) for r in every] == sorted(key_1 | key_2)  # ordered so
+
+    assert await store.usage(since, until, "key_nobody") == []
+    assert await store.usage(since, since) == []  # an empty window
+    assert usage_of(await store.usage(since - 1, until + 1, "key_1"))[("key_1", "echo")] == (
+        5, 1, 2013, 2024,
+    )  # fmt: skip
+    for bad in [(until, since), (float("nan"), until), (since, float("inf"))]:
+        with pytest.raises(ValueError):
+            await store.usage(*bad)
+
+
 # ---------------------------------------------------------------------- ratings
 
 
@@ -292,6 +361,58 @@ def test_reopening_keeps_the_data(database_url: str) -> None:
         _, plaintext = first.create_api_key_sync("alice")
     with Store.open(database_url) as second:
         assert second.authenticate_api_key_sync(plaintext) is not None
+
+
+def _old_tasks_table(database_url: str) -> None:
+    """The tasks table as the release before token usage made it, with one task in it."""
+    engine = sa.create_engine(normalize_url(database_url))
+    old = sa.MetaData()
+    table = sa.Table(
+        "tasks",
+        old,
+        *(
+            sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in tasks_table.c
+            if c.name not in ("prompt_tokens", "completion_tokens")
+        ),
+    )
+    record = make_task("t-old", "key_1", created_at=T0 + 1, finished_at=T0 + 2)
+    with engine.begin() as conn:
+        old.create_all(conn)
+        # Every old column from the record (latency_ms is its property).
+        conn.execute(table.insert().values(**{c.name: getattr(record, c.name) for c in table.c}))
+    engine.dispose()
+
+
+def _task_columns(database_url: str) -> set[str]:
+    engine = sa.create_engine(normalize_url(database_url))
+    try:
+        return {c["name"] for c in sa.inspect(engine).get_columns("tasks")}
+    finally:
+        engine.dispose()
+
+
+async def test_a_database_without_the_usage_columns_gets_them_at_open(database_url: str) -> None:
+    _old_tasks_table(database_url)
+    assert {"prompt_tokens", "completion_tokens"} & _task_columns(database_url) == set()
+    # Several processes may open the old database at once; each must come up.
+    with ThreadPoolExecutor(4) as pool:
+        stores = list(pool.map(lambda _: Store.open(database_url), range(4)))
+    try:
+        assert {"prompt_tokens", "completion_tokens"} <= _task_columns(database_url)
+        first, second = stores[0], stores[1]
+        old = await first.get_task("t-old")
+        assert old is not None and (old.prompt_tokens, old.completion_tokens) == (None, None)
+        assert old.status == "ok" and old.latency_ms == pytest.approx(1000.0)
+        new = make_task("t-new", "key_1", created_at=T0 + 3, prompt_tokens=4, completion_tokens=6)
+        assert await second.record_tasks([new]) == 1
+        assert await first.get_task("t-new") == new
+        # The old task counts as a task whose tokens are unknown, not as zero tokens.
+        assert usage_of(await first.usage(T0, T0 + 10)) == {("key_1", "gemma3:4b"): (2, 1, 4, 6)}
+        await first.rate_task("t-old", "key_1", 5)  # the old row is a task like any other
+    finally:
+        for opened in stores:
+            opened.close()
 
 
 # ---------------------------------------------------------------------- URLs and engines

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.e2e
 REQUEST = "/api/v1/request"
 RATING = "/api/v1/tasks/{task_id}/rating"
 TELEMETRY = "/api/v1/nodes/{node_id}/telemetry"
+USAGE = "/api/v1/usage"
 # Documented but not provoked here: an unexpected error (500) on any route, and the store being
 # unreachable mid-run (503) on routes whose only 503 comes from the database.
 UNPROVOKED = {
@@ -30,6 +31,7 @@ UNPROVOKED = {
     (RATING, "post", "503"),
     ("/api/v1/cluster", "get", "503"),
     (TELEMETRY, "get", "503"),
+    (USAGE, "get", "503"),
 }
 RATE = 4  # requests per minute per key: the 429 probe exhausts it on its own key
 
@@ -93,6 +95,12 @@ async def provoke_everything(procs: Processes, coord: Coordinator, calls: Record
         await calls.send("GET", TELEMETRY, TELEMETRY.format(node_id="nobody"), key=key)  # 404
         done = await calls.send("POST", REQUEST, key=key, json=ok_body)
         assert done.status_code == 200, done.text
+        await calls.send("GET", USAGE)  # 401
+        await calls.send("GET", USAGE, key=key)  # 200
+        ops = procs.create_key("ops-usage", admin=True)
+        await calls.send("GET", USAGE, key=ops, params={"key_id": "*"})  # 200, every key
+        await calls.send("GET", USAGE, key=key, params={"key_id": "*"})  # 403
+        await calls.send("GET", USAGE, key=key, params={"since": "soon"})  # 422
         await calls.send("POST", REQUEST, key=procs.create_key(), content=b'{"model": ')  # 400
         await calls.send("POST", REQUEST, json=ok_body)  # 401
         big = b'{"model": "echo", "prompt": "' + b"x" * Settings.max_body_bytes + b'"}'

@@ -102,10 +102,12 @@ async def test_a_v2_node_gets_a_plain_prompt_as_a_v1_envelope(procs: Processes) 
     # Nothing of v2 in the task: the envelope stays v1, readable by any node.
     coord = procs.coordinator()
     key = procs.create_key()
-    async with raw_node(coord.url, "new", procs.enroll("new"), protocols=[1, 2]) as node:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_ask, coord, key, {"model": "echo", "prompt": "plain"})
-            assign = await node.receive()
-            assert isinstance(assign, Assign)
-            assert (assign.v, assign.prompt) == (1, "plain")
-            await node.send(Result(task_id=assign.task_id, output="plain"))
+    async with (
+        raw_node(coord.url, "new", procs.enroll("new"), protocols=[1, 2]) as node,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(_ask, coord, key, {"model": "echo", "prompt": "plain"})
+        assign = await node.receive()
+        assert isinstance(assign, Assign)
+        assert (assign.v, assign.prompt) == (1, "plain")
+        await node.send(Result(task_id=assign.task_id, output="plain"))
