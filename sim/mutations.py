@@ -13,7 +13,7 @@ from unittest import mock
 
 from coordinator.coordination.memory_leases import LeaseTables
 from coordinator.coordination.memory_monitor import MonitorTables
-from coordinator.core import direct_hosts
+from coordinator.core import direct_hosts, owner, task_content
 from coordinator.core.forwarding import ForwardingTable
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.runtime.membership import Membership
@@ -120,6 +120,18 @@ def _fact_age_check_off() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _v1_fallback_off() -> Iterator[None]:
+    """The owner forgets a node's protocol version: a v1 node gets the v2 assign as is."""
+    original = task_content.assign_for
+
+    def always_v2(protocol, envelope):  # type: ignore[no-untyped-def]
+        return original(2, envelope)
+
+    with mock.patch.object(owner, "assign_for", always_v2):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "owner-sweeper-off": _owner_sweeper_off,
     "connection-check-off": _connection_check_off,
@@ -127,6 +139,7 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "queue-order-off": _queue_order_off,
     "monitor-fence-off": _monitor_fence_off,
     "fact-age-check-off": _fact_age_check_off,
+    "v1-fallback-off": _v1_fallback_off,
 }
 
 

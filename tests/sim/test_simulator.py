@@ -56,6 +56,7 @@ def test_different_seeds_give_different_traces() -> None:
         ("owner-sweeper-off", "dead-owner-bound"),
         ("lease-check-off", "no-node-over-budget"),
         ("queue-order-off", "queue-order"),
+        ("v1-fallback-off", "node-version"),
     ],
 )
 def test_broken_variants_are_caught_and_replay_the_same_way(
