@@ -12,6 +12,7 @@ from coordinator import __version__, hypercorn_patches
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.metrics_http import install_metrics, serve_metrics
 from coordinator.api.node_websocket import ServeNode, serve_node_sockets_first
+from coordinator.api.ollama_routes import register_ollama_routes
 from coordinator.api.openai_routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
@@ -115,6 +116,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     register_routes(app)
     register_usage_routes(app)
     register_openai_routes(app)
+    register_ollama_routes(app)
     register_system_health(app)
     install_metrics(app, settings)
 

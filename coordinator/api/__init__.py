@@ -18,4 +18,8 @@ openai_schemas.py   their bodies, in OpenAI's shapes
 openai_params.py    their messages and parameters as a task's conversation and options
 openai_streams.py   their streamed answers (OpenAI's chunk formats)
 openai_errors.py    errors of the /v1 routes, in OpenAI's shape
+ollama_routes.py    the Ollama-compatible routes (/api/chat, /api/generate, /api/tags, /api/ps,
+                    /api/version)
+ollama_schemas.py   their bodies, in Ollama's shapes, and a request as a task's input and options
+ollama_errors.py    errors of those routes, in Ollama's shape
 """
