@@ -3,9 +3,11 @@
 The cluster machine decides (``CallHost`` when a task is placed on a host, ``StopHostCall``
 when nobody waits for it any more: answered, client gone, timed out); this runs the call and
 reports what the host answered the way an owner instance reports a node's answers: numbered
-``BusChunk`` envelopes while the task streams, then one ``BusResult`` (the joined output, or a
-``backend_error`` failure). So the requester's tracker checks them like any node's answers, and
-SSE and OpenAI streaming work unchanged.
+``BusChunk`` envelopes while the task streams, then one ``BusResult`` (the joined output with the
+usage and finish reason the host reported and the call's timings, or a ``backend_error``
+failure). So the requester's tracker checks them like any node's answers, and SSE and OpenAI
+streaming work unchanged. The host is asked in its own API (``ollama_wire``, ``openai_wire``):
+the conversation, the raw prompt and the options as the task carries them.
 
 A call that the machine stops is cancelled, which drops its HTTP connection (the host stops
 generating). A call never outlives its task's deadline by more than ``OVERRUN_GRACE_S``, even
@@ -15,19 +17,22 @@ if a stop were lost: the task itself ends with 504 at its deadline (the requeste
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import AsyncExitStack, aclosing
 
 import httpx
+import msgspec
 import trio
 
 from coordinator.capacity import HostSpec
 from coordinator.core.direct_hosts import host_conn_id
 from coordinator.core.effects import CallHost
-from coordinator.core.task_content import assign_for
 from coordinator.core.tracker import MAX_STREAMED_CHARS
-from coordinator.hosts.host_client import HostError, ollama_generate, openai_generate
-from protocol import BusChunk, BusResult, TaskErrorCode, TaskFailure
+from coordinator.hosts.generation import Finish, Generation
+from coordinator.hosts.host_client import HostError
+from coordinator.hosts.ollama_wire import ollama_generate
+from coordinator.hosts.openai_wire import openai_generate
+from protocol import BusChunk, BusResult, TaskErrorCode, TaskFailure, Timings, stamped
 
 __all__ = ["HostCalls"]
 
@@ -36,6 +41,8 @@ log = logging.getLogger("gemmanet.hosts")
 OVERRUN_GRACE_S = 5.0
 #: how long connecting to a host may take (then the call fails: 502)
 CONNECT_TIMEOUT_S = 5.0
+#: the longest a timing may say (what the bus decoder accepts)
+MAX_TIMING_S = 86_400.0
 
 Answer = BusChunk | BusResult
 
@@ -92,50 +99,76 @@ class HostCalls:
             scope.cancel()
 
     async def _call(self, effect: CallHost, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                self._on_answer(stamped(await self._answer(effect)))
+        finally:
+            self._scopes.pop(effect.envelope.task_id, None)
+
+    async def _answer(self, effect: CallHost) -> BusResult:
+        """Runs the call, reporting its chunks as they come; the result to report at the end."""
         envelope = effect.envelope
         task_id, conn_id = envelope.task_id, host_conn_id(effect.host_id)
         pieces: list[str] = []
         chars = 0
-        failure: TaskFailure | None = None
-        try:
-            with scope:
-                try:
-                    async for piece in self._generate(effect):
-                        chars += len(piece)
-                        if chars > MAX_STREAMED_CHARS:
-                            failure = TaskFailure(
-                                code=TaskErrorCode.OUTPUT_TOO_LARGE,
-                                message=f"the output grew past {MAX_STREAMED_CHARS:,} characters",
-                            )
-                            break
-                        if envelope.stream:
-                            seq = len(pieces)
-                            self._on_answer(
-                                BusChunk(task_id=task_id, conn_id=conn_id, seq=seq, delta=piece)
-                            )
-                        pieces.append(piece)
-                except HostError as exc:
-                    log.warning("task %s: direct host %s failed: %s", task_id, effect.host_id, exc)
-                    failure = TaskFailure(
-                        code=TaskErrorCode.BACKEND_ERROR,
-                        message=f"direct host {effect.host_id}: {exc}",
-                    )
-                self._on_answer(
-                    BusResult(
-                        task_id=task_id,
-                        node_id=effect.host_id,
-                        conn_id=conn_id,
-                        output=None if failure else "".join(pieces),
-                        chunks=len(pieces) if envelope.stream else 0,
-                        failure=failure,
-                    )
-                )
-        finally:
-            self._scopes.pop(task_id, None)
+        finish = Finish()
+        began = trio.current_time()
+        first_at: float | None = None
 
-    def _generate(self, effect: CallHost) -> AsyncIterator[str]:
+        def failed(code: TaskErrorCode, message: str) -> BusResult:
+            return BusResult(
+                task_id=task_id,
+                node_id=effect.host_id,
+                conn_id=conn_id,
+                chunks=len(pieces) if envelope.stream else 0,
+                failure=TaskFailure(code=code, message=message),
+            )
+
+        try:
+            async with aclosing(self._generate(effect)) as deltas:
+                async for piece in deltas:
+                    if isinstance(piece, Finish):
+                        finish = piece
+                        continue
+                    if first_at is None and piece:
+                        first_at = trio.current_time()
+                    chars += len(piece)
+                    if chars > MAX_STREAMED_CHARS:
+                        return failed(
+                            TaskErrorCode.OUTPUT_TOO_LARGE,
+                            f"the output grew past {MAX_STREAMED_CHARS:,} characters",
+                        )
+                    if envelope.stream:
+                        self._on_answer(
+                            BusChunk(task_id=task_id, conn_id=conn_id, seq=len(pieces), delta=piece)
+                        )
+                    pieces.append(piece)
+        except HostError as exc:
+            log.warning("task %s: direct host %s failed: %s", task_id, effect.host_id, exc)
+            return failed(TaskErrorCode.BACKEND_ERROR, f"direct host {effect.host_id}: {exc}")
+        # Measured as a node agent measures them (from the call to the first output and to
+        # the end), so a client sees the same numbers from a node and from a direct host.
+        ended = trio.current_time()
+        return BusResult(
+            task_id=task_id,
+            node_id=effect.host_id,
+            conn_id=conn_id,
+            output="".join(pieces),
+            chunks=len(pieces) if envelope.stream else 0,
+            usage=finish.usage if finish.usage is not None else msgspec.UNSET,
+            finish_reason=finish.finish_reason or msgspec.UNSET,
+            timings=Timings(
+                total_s=_seconds(ended - began),
+                ttft_s=None if first_at is None else _seconds(first_at - began),
+            ),
+        )
+
+    def _generate(self, effect: CallHost) -> AsyncGenerator[str | Finish, None]:
         assert self._client is not None
         spec = self._hosts[effect.host_id]
         generate = ollama_generate if spec.kind == "ollama" else openai_generate
-        prompt = assign_for(1, effect.envelope).prompt or ""
-        return generate(self._client, spec.url, effect.envelope.model, prompt)
+        return generate(self._client, spec.url, Generation.of(effect.envelope))
+
+
+def _seconds(elapsed: float) -> float:
+    return min(elapsed, MAX_TIMING_S)

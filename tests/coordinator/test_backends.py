@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.hosts.generation import Finish, Generation
+from tests.fixtures.fake_servers import assert_nothing_refused
 from tools.fakes.ollama import FakeOllama
 from tools.fakes.openai import FakeOpenAI
 from tools.node_agent import (
@@ -142,6 +143,7 @@ async def served(
     backend = OllamaBackend(url) if request.param == "ollama" else OpenAIBackend(url, api_key="")
     yield server, backend
     await backend.aclose()
+    assert_nothing_refused(server)
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -230,6 +232,7 @@ async def test_ollama_backend_sends_the_generate_request(fake_ollama: FakeOllama
         await collect(backend, "gemma3:1b", "hi there")
     finally:
         await backend.aclose()
+    assert fake_ollama.paths == ["/api/generate"]
     assert fake_ollama.requests == [{"model": "gemma3:1b", "prompt": "hi there", "stream": True}]
 
 
@@ -244,8 +247,15 @@ async def test_openai_backend_sends_the_key_from_the_environment(
     finally:
         await backend.aclose()
     assert fake_openai.authorizations == ["Bearer sk-test"]
+    # A raw prompt is a completion, not a chat turn (no chat template applied to it).
+    assert fake_openai.paths == ["/v1/completions"]
     assert fake_openai.requests == [
-        {"model": "gpt", "messages": [{"role": "user", "content": "hello there"}], "stream": True}
+        {
+            "model": "gpt",
+            "prompt": "hello there",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
     ]
 
 

@@ -1,21 +1,28 @@
 """Calls to direct hosts (``coordinator/hosts/host_calls.py``) against real fake servers over
-real sockets: the answers come back as the host's chunks and result, a failing or unreachable
-host as a ``backend_error`` failure, and a stopped call drops its connection at once."""
+real sockets: the answers come back as the host's chunks and result (with the usage and finish
+reason the host reported: a v2 result), a conversation and its options reach the host in its
+own API, a failing or unreachable host is a ``backend_error`` failure, and a stopped call drops
+its connection at once."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 import trio
 
 from coordinator.capacity import HostSpec
 from coordinator.core.effects import CallHost
 from coordinator.hosts.host_calls import HostCalls
-from protocol import BusAssign, BusChunk, BusResult, TaskErrorCode
+from protocol import BusAssign, BusChunk, BusResult, Message, Options, TaskErrorCode, Usage, stamped
 from tests.fixtures.processes import free_port
 from tools.fakes.ollama import FakeOllama
 from tools.fakes.openai import FakeOpenAI
 
 
-def call(host: str, prompt: str = "one two three", *, stream: bool = True) -> CallHost:
+def call(
+    host: str, prompt: str | None = "one two three", *, stream: bool = True, **v2: Any
+) -> CallHost:
     assign = BusAssign(
         task_id="t1",
         node_id=host,
@@ -25,8 +32,9 @@ def call(host: str, prompt: str = "one two three", *, stream: bool = True) -> Ca
         stream=stream,
         timeout_s=30.0,
         reply_to="A",
+        **v2,
     )
-    return CallHost(host, assign, deadline=trio.current_time() + 30.0)
+    return CallHost(host, stamped(assign), deadline=trio.current_time() + 30.0)
 
 
 async def run_call(hosts: dict[str, HostSpec], effect: CallHost) -> list[BusChunk | BusResult]:
@@ -56,6 +64,35 @@ async def test_a_streamed_call_reports_numbered_chunks_then_the_output(
     result = answers[-1]
     assert isinstance(result, BusResult) and result.failure is None
     assert (result.output, result.chunks, result.node_id) == ("one two three", 3, "box")
+    assert result.usage == Usage(prompt_tokens=3, completion_tokens=3)
+    assert result.finish_reason == "stop" and result.v == 2
+    assert result.timings and result.timings.ttft_s is not None
+    assert 0 <= result.timings.ttft_s <= result.timings.total_s
+    assert fake_ollama.paths == ["/api/generate"]
+
+
+async def test_a_conversation_reaches_an_ollama_host_on_api_chat_with_its_options(
+    fake_ollama: FakeOllama,
+) -> None:
+    spec = HostSpec(url=fake_ollama.url or "", kind="ollama")
+    turns = [
+        Message(role="developer", content="be terse"),
+        Message(role="user", content="count with me: one two three four"),
+    ]
+    effect = call(
+        "box", None, stream=False, messages=turns, options=Options(max_tokens=2, temperature=0)
+    )
+    (result,) = await run_call({"box": spec}, effect)
+    assert isinstance(result, BusResult) and result.failure is None
+    assert result.output == "count with"
+    assert result.usage == Usage(prompt_tokens=2 + 7, completion_tokens=2)
+    assert result.finish_reason == "length" and result.v == 2
+    assert fake_ollama.paths == ["/api/chat"]
+    assert fake_ollama.requests[0]["messages"] == [
+        {"role": "system", "content": "be terse"},
+        {"role": "user", "content": "count with me: one two three four"},
+    ]
+    assert fake_ollama.requests[0]["options"] == {"num_predict": 2, "temperature": 0.0}
 
 
 async def test_an_openai_host_answers_through_the_same_path(fake_openai: FakeOpenAI) -> None:
@@ -63,6 +100,26 @@ async def test_an_openai_host_answers_through_the_same_path(fake_openai: FakeOpe
     answers = await run_call({"gpt": spec}, call("gpt", stream=False))
     assert len(answers) == 1  # a task that does not stream gets no chunks
     assert isinstance(answers[0], BusResult) and answers[0].output == "one two three"
+    assert answers[0].usage == Usage(prompt_tokens=3, completion_tokens=3)
+    assert answers[0].finish_reason == "stop"
+    assert fake_openai.paths == ["/v1/completions"]  # a raw prompt: no chat template
+
+    fake_openai.requests.clear()
+    fake_openai.paths.clear()
+    turns = [Message(role="user", content="a b c"), Message(role="assistant", content="d")]
+    turns.append(Message(role="user", content="e f g h"))
+    options = Options(max_tokens=9, stop=["g"], format="json")
+    effect = call("gpt", None, stream=True, messages=turns, options=options)
+    result = (await run_call({"gpt": spec}, effect))[-1]
+    assert isinstance(result, BusResult) and result.output == "e f "
+    assert result.usage == Usage(prompt_tokens=8, completion_tokens=2)
+    assert result.finish_reason == "stop"
+    assert fake_openai.paths == ["/v1/chat/completions"]
+    body = fake_openai.requests[0]
+    assert [m["content"] for m in body["messages"]] == ["a b c", "d", "e f g h"]
+    assert (body["max_tokens"], body["stop"]) == (9, ["g"])
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["stream_options"] == {"include_usage": True}
 
 
 async def test_a_host_failing_mid_stream_is_a_backend_error(fake_ollama: FakeOllama) -> None:
@@ -72,6 +129,7 @@ async def test_a_host_failing_mid_stream_is_a_backend_error(fake_ollama: FakeOll
     assert isinstance(result, BusResult) and result.failure is not None
     assert result.failure.code == TaskErrorCode.BACKEND_ERROR
     assert "direct host box" in result.failure.message and "injected" in result.failure.message
+    assert result.usage is msgspec.UNSET and result.v == 1  # a failure reports no usage
 
 
 async def test_an_unreachable_host_is_a_backend_error() -> None:

@@ -1,7 +1,9 @@
 """The ollama and openai node backends through the whole system: a fake model server process
 (tools/fakes), a real node agent process speaking to it, a real coordinator, a real client.
 What the client gets must be exactly what the model server produced, piece by piece when
-streaming; a failing model server must reach the client as 502 ``node_error``."""
+streaming, with the usage and finish reason it reported; a conversation and its options reach
+the model server in its own API (checked there against the real client library's types); a
+failing model server must reach the client as 502 ``node_error``."""
 
 from __future__ import annotations
 
@@ -45,6 +47,12 @@ def fake_config(url: str, **config: object) -> dict[str, Any]:
 
 def fake_stats(url: str) -> dict[str, Any]:
     return httpx.get(f"{url}/_fake/stats", timeout=5).json()  # type: ignore[no-any-return]
+
+
+def fake_requests(url: str) -> list[dict[str, Any]]:
+    """What the fake received: ``{"path", "body", "refused"}`` each, in order."""
+    received = httpx.get(f"{url}/_fake/requests", timeout=5).json()
+    return received["requests"]  # type: ignore[no-any-return]
 
 
 def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
@@ -115,6 +123,66 @@ def test_model_server_backend_end_to_end(procs, kind) -> None:
     assert r.status_code == 200 and r.json()["output"] == PROMPT, r.text
     assert time.monotonic() - started < 5
     assert coord.status()["in_flight"] == 0
+    assert fake_stats(fake)["refused"] == 0
+
+
+#: the chat route and the raw-prompt route of each server
+ROUTES = {
+    "ollama": ("/api/chat", "/api/generate"),
+    "openai": ("/v1/chat/completions", "/v1/completions"),
+}
+
+
+@pytest.mark.parametrize("kind", ["ollama", "openai"])
+def test_a_conversation_and_its_options_reach_the_model_server_in_its_own_api(procs, kind) -> None:
+    coord: Coordinator = procs.coordinator()
+    fake = start_fake(procs, kind, "--port", "0", "--model", MODEL)
+    procs.node(
+        coord, f"{kind}-node", models=(MODEL,), extra=("--backend", kind, "--backend-url", fake)
+    )
+    key = procs.create_key("client")
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": "one two three four"},
+    ]
+    options = {"max_tokens": 2, "temperature": 0.5, "top_k": 5}
+    r = coord.request(key, model=MODEL, messages=messages, options=options)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    # The model server's answer and its own counts: the bound was hit.
+    assert answer["output"] == "one two"
+    assert answer["usage"] == {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}
+    assert answer["finish_reason"] == "length"
+
+    r = coord.request(
+        key, model=MODEL, prompt="a b STOP c", options={"stop": ["STOP"]}, stream=True
+    )
+    assert r.status_code == 200, r.text
+    events = sse_events(r)
+    assert [e["delta"] for e in events[:-1]] == ["a ", "b "]
+    assert events[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    assert events[-1]["finish_reason"] == "stop"
+
+    chat, raw = fake_requests(fake)
+    assert (chat["path"], raw["path"]) == ROUTES[kind]
+    assert chat["refused"] is None and raw["refused"] is None
+    if kind == "ollama":
+        assert chat["body"]["messages"] == [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "one two three four"},
+        ]
+        assert chat["body"]["options"] == {"num_predict": 2, "temperature": 0.5, "top_k": 5}
+        assert raw["body"] == {
+            "model": MODEL,
+            "prompt": "a b STOP c",
+            "stream": True,
+            "options": {"stop": ["STOP"]},
+        }
+    else:
+        assert chat["body"]["messages"] == messages
+        assert (chat["body"]["max_tokens"], chat["body"]["top_k"]) == (2, 5)
+        assert chat["body"]["stream_options"] == {"include_usage": True}
+        assert raw["body"]["prompt"] == "a b STOP c" and raw["body"]["stop"] == ["STOP"]
 
 
 def assert_truncated(response: httpx.Response) -> None:

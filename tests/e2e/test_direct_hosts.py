@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -48,6 +49,11 @@ class FakeHost:
 
     def stats(self) -> dict[str, object]:
         return httpx.get(self.url + "/_fake/stats", timeout=5).json()  # type: ignore[no-any-return]
+
+    def requests(self) -> list[dict[str, Any]]:
+        """What the host received: ``{"path", "body", "refused"}`` each, in order."""
+        received = httpx.get(self.url + "/_fake/requests", timeout=5).json()
+        return received["requests"]  # type: ignore[no-any-return]
 
 
 def start(
@@ -96,6 +102,9 @@ def test_any_instance_serves_a_request_on_the_host_itself_plain_and_streamed(
     plain = a.request(key, model="llama3", prompt="hello from A")
     assert plain.status_code == 200, plain.text
     assert plain.json()["node_id"] == HOST and plain.json()["output"] == "hello from A"
+    # The host's own counts, from its final record.
+    assert plain.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert plain.json()["finish_reason"] == "stop"
 
     streamed = b.request(key, model="llama3", prompt="three little words", stream=True)
     assert streamed.status_code == 200, streamed.text
@@ -104,10 +113,26 @@ def test_any_instance_serves_a_request_on_the_host_itself_plain_and_streamed(
     assert [e["delta"] for e in events[:-1]] == ["three ", "little ", "words"], events
     assert events[-1]["done"] is True and events[-1]["node_id"] == HOST, events
 
+    # A conversation goes to the host's chat route, in order, with its options in Ollama's
+    # names; the bound is hit, and the host says so.
+    turns = [
+        {"role": "system", "content": "answer in kind"},
+        {"role": "user", "content": "one two three"},
+    ]
+    chat = b.request(key, model="llama3", messages=turns, options={"max_tokens": 2, "seed": 3})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["output"] == "one two" and chat.json()["finish_reason"] == "length"
+    assert chat.json()["usage"] == {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}
+    received = host.requests()
+    assert [r["path"] for r in received] == ["/api/generate", "/api/generate", "/api/chat"]
+    assert received[-1]["body"]["messages"] == turns
+    assert received[-1]["body"]["options"] == {"num_predict": 2, "seed": 3}
+    assert all(r["refused"] is None for r in received), received
+
     # The host's model counts among the served ones (queue depths per model).
     assert a.status()["queued"] == {"llama3": 0}
-    # The host itself answered both, and nobody holds a lease any more.
-    assert host.stats()["completed"] == 2, host.stats()
+    # The host itself answered all three, and nobody holds a lease any more.
+    assert host.stats()["completed"] == 3, host.stats()
     wait_until(lambda: host_info(a)["leases"] == 0, "the host's leases given back")
     # A model the host does not have is not placed on it.
     missing = a.request(key, model="mistral", prompt="x")

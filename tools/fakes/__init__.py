@@ -1,11 +1,15 @@
 """Test doubles of the external model servers a node agent talks to.
 
 Each fake is a tiny ASGI app served by Hypercorn's trio worker on 127.0.0.1, speaking the real
-wire format and echoing the prompt word by word; it can be told to fail (``fail="http"``,
-``"midstream"``, ``"truncate"``) and records what it received.
+wire format and echoing the prompt (a chat: the last user message) word by word, with usage; it
+can be told to fail (``fail="http"``, ``"midstream"``, ``"truncate"``) and records what it
+received. It cannot drift from the real API: every request body is checked against the real
+client library's request types, and every answer is built in its response types.
 
-* :class:`FakeOllama` - ``POST /api/generate`` NDJSON (``python -m tools.fakes.ollama``).
-* :class:`FakeOpenAI` - ``POST /v1/chat/completions`` SSE (``python -m tools.fakes.openai``).
+* :class:`FakeOllama` - ``POST /api/chat`` and ``/api/generate``, NDJSON
+  (``python -m tools.fakes.ollama``); checked with the ``ollama`` library's types.
+* :class:`FakeOpenAI` - ``POST /v1/chat/completions`` and ``/v1/completions``, SSE
+  (``python -m tools.fakes.openai``); checked with the ``openai`` SDK's types.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1,8 +1,15 @@
 """Plumbing shared by the fake model servers: a tiny ASGI base class served by Hypercorn's trio
 worker, knobs to inject failures, records for assertions, and a ``python -m`` entry point.
 
-Each fake answers with a deterministic transformation of the prompt: the prompt itself, word by
-word (each piece one word plus its trailing whitespace), so a test can assert on the output.
+Each fake answers with a deterministic transformation of what it was asked: a raw prompt
+itself, a conversation's last user message, word by word (each piece one word plus its
+trailing whitespace), so a test can assert on the output. It honours the token bound (cut
+after N words, finish reason ``length``) and stop strings (cut before the first, ``stop``), and
+counts words as tokens: the prompt's (every message's content) and the answer's.
+
+Every generation request is recorded (``requests``, with its ``paths``), and checked against
+the real client library's request types (``_checks``); one they refuse gets a 400 in the
+server's error shape and is recorded in ``refused`` too, so a test sees a drifted field.
 
 Failure modes (``server.fail``, ``--fail``, or ``POST /_fake/config {"fail": ...}``):
 
@@ -17,7 +24,8 @@ import argparse
 import json
 import re
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -38,6 +46,47 @@ _WORD_RE = re.compile(r"^\s+|\S+\s*")
 def words(text: str) -> list[str]:
     """``text`` as word-plus-trailing-whitespace pieces that join back to it exactly."""
     return _WORD_RE.findall(text)
+
+
+def answer_of(
+    text: str, *, max_tokens: int | None = None, stop: Sequence[str] | None = None
+) -> tuple[str, str]:
+    """``text`` cut before the first stop string (``stop``) or after ``max_tokens`` words
+    (``length``), and the finish reason."""
+    if stop:
+        cuts = [text.find(s) for s in stop if s and s in text]
+        if cuts:
+            return _bounded(text[: min(cuts)], max_tokens)
+    return _bounded(text, max_tokens)
+
+
+def _bounded(text: str, max_tokens: int | None) -> tuple[str, str]:
+    if max_tokens is None or max_tokens < 0 or len(text.split()) <= max_tokens:
+        return text, "stop"
+    kept: list[str] = []
+    count = 0
+    for piece in words(text):
+        if piece.strip():
+            if count == max_tokens:
+                break
+            count += 1
+        kept.append(piece)
+    return "".join(kept).rstrip(), "length"
+
+
+def word_count(*texts: str) -> int:
+    """Tokens as the fakes count them: words."""
+    return sum(len(text.split()) for text in texts)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request the real library's types refused, and why (``index``: in ``requests``)."""
+
+    index: int
+    path: str
+    body: Any
+    reason: str
 
 
 class ClientGone(Exception):
@@ -97,8 +146,11 @@ class FakeModelServer:
         self.chunk_delay_s = chunk_delay_s
         self.fail = fail
         self.url: str | None = None
-        #: JSON bodies of the generation requests received, in order.
+        #: JSON bodies of the generation requests received, in order, and their paths.
         self.requests: list[Any] = []
+        self.paths: list[str] = []
+        #: the requests refused for not being what the real client library would send
+        self.refused: list[Refusal] = []
         #: Authorization headers of those requests (None when absent).
         self.authorizations: list[str | None] = []
         #: Streams the server finished / streams the client walked away from.
@@ -110,6 +162,19 @@ class FakeModelServer:
 
     def serves(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    def prepare(self) -> None:
+        """Load what checking requests needs now rather than at the first request."""
+
+    def record(self, request: Request, body: Any) -> None:
+        self.requests.append(body)
+        self.paths.append(request.path)
+        self.authorizations.append(request.headers.get("authorization"))
+
+    def refuse(self, reason: str) -> None:
+        """Marks the request recorded last as refused."""
+        index = len(self.requests) - 1
+        self.refused.append(Refusal(index, self.paths[index], self.requests[index], reason))
 
     async def wait_aborted(self, count: int = 1) -> None:
         """Wait until ``count`` streams were abandoned by their client."""
@@ -155,7 +220,19 @@ class FakeModelServer:
             return Response(200, self.stats())
         if request.path == "/_fake/stats" and request.method == "GET":
             return Response(200, self.stats())
+        if request.path == "/_fake/requests" and request.method == "GET":
+            return Response(200, self.received())
         return None
+
+    def received(self) -> dict[str, Any]:
+        """What arrived, for a test whose fake runs in another process."""
+        refused = {r.index: r.reason for r in self.refused}
+        return {
+            "requests": [
+                {"path": path, "body": body, "refused": refused.get(index)}
+                for index, (path, body) in enumerate(zip(self.paths, self.requests, strict=True))
+            ]
+        }
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -163,6 +240,7 @@ class FakeModelServer:
             "fail": self.fail,
             "chunk_delay_ms": self.chunk_delay_s * 1000.0,
             "requests": len(self.requests),
+            "refused": len(self.refused),
             "completed": self.completed,
             "aborted": self.aborted,
         }
@@ -270,6 +348,7 @@ def serve_main(
         extra(parser)
     args = parser.parse_args(argv)
     server = factory(args)
+    server.prepare()  # before the URL is printed: the first request is not the slow one
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -1,7 +1,13 @@
-"""A fake Ollama server: ``POST /api/generate`` (NDJSON stream or one JSON object), ``GET
-/api/tags`` (the models it has), ``GET /api/ps`` (the models loaded in memory, ``size`` in
-bytes, as Ollama's docs give it), ``GET /api/version``, ``GET /``. Answers with the prompt, word
-by word. ``resident`` (model -> bytes) is what ``/api/ps`` reports; a test may change it.
+"""A fake Ollama server: ``POST /api/chat`` and ``POST /api/generate`` (NDJSON stream or one
+JSON object), ``GET /api/tags`` (the models it has), ``GET /api/ps`` (the models loaded in
+memory, ``size`` in bytes, as Ollama's docs give it), ``GET /api/version``, ``GET /``.
+
+A chat answers with the content of the last user message, a generate with the prompt, word by
+word, honouring ``options.num_predict`` and ``options.stop``; the final record counts words as
+tokens (``prompt_eval_count``: of every message, ``eval_count``: of the answer). Every request
+body is checked against the ``ollama`` library's request types (``_ollama_types``): a body they
+refuse gets 400 and lands in ``refused``. ``resident`` (model -> bytes) is what ``/api/ps``
+reports; a test may change it.
 
 Run it alone with ``python -m tools.fakes.ollama --port P``.
 """
@@ -12,12 +18,21 @@ import argparse
 import json
 import sys
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import trio
 
-from tools.fakes._server import FakeModelServer, Request, Response, serve_main, words
+from tools.fakes._server import (
+    FakeModelServer,
+    Request,
+    Response,
+    answer_of,
+    serve_main,
+    word_count,
+    words,
+)
 
 __all__ = ["FakeOllama", "main"]
 
@@ -38,6 +53,9 @@ class FakeOllama(FakeModelServer):
         #: how many times ``/api/ps`` was asked (a monitor's polls)
         self.ps_requests = 0
 
+    def prepare(self) -> None:
+        from tools.fakes import _ollama_types  # noqa: F401 - loads the library's types
+
     async def handle(self, request: Request) -> Response:
         route = (request.method, request.path)
         if route == ("GET", "/"):
@@ -51,69 +69,104 @@ class FakeOllama(FakeModelServer):
             self.ps_requests += 1
             loaded = sorted(self.resident.items())
             return Response(200, {"models": [_running(n, size) for n, size in loaded]})
-        if route == ("POST", "/api/generate"):
-            return self._generate(request)
-        if request.path == "/api/generate":
+        if route in (("POST", "/api/generate"), ("POST", "/api/chat")):
+            return self._generation(request)
+        if request.path in ("/api/generate", "/api/chat"):
             return Response(405, {"error": "method not allowed"})
         return Response(404, "404 page not found", content_type="text/plain")
 
-    def _generate(self, request: Request) -> Response:
+    def _generation(self, request: Request) -> Response:
+        from tools.fakes import _ollama_types as types
+        from tools.fakes._checks import Problem
+
         try:
             body = request.json()
             if not isinstance(body, dict):
                 raise TypeError("body is not an object")
         except (ValueError, TypeError) as exc:
             return Response(400, {"error": f"invalid request body: {exc}"})
-        self.requests.append(body)
-        self.authorizations.append(request.headers.get("authorization"))
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            return Response(400, {"error": "model is required"})
+        self.record(request, body)
+        chat = request.path == "/api/chat"
+        try:
+            parsed = types.check_chat(body) if chat else types.check_generate(body)
+        except Problem as problem:
+            self.refuse(problem.message)
+            return Response(400, {"error": f"invalid request: {problem.message}"})
+        model = parsed.model
         if not self.serves(model):
             return Response(404, {"error": f"model '{model}' not found, try pulling it first"})
         if self.fail == "http":
             return Response(500, {"error": "fake ollama: injected failure"})
-        prompt = body.get("prompt") or ""
-        if not isinstance(prompt, str):
-            return Response(400, {"error": "prompt must be a string"})
-        pieces = words(prompt)
-        if body.get("stream", True) is False:
+        if isinstance(parsed, types.StrictChat):
+            contents = [m.content or "" for m in parsed.messages or ()]
+            users = [m.content or "" for m in parsed.messages or () if m.role == "user"]
+            asked = users[-1] if users else ""
+        else:
+            asked = parsed.prompt or ""
+            contents = [asked]
+        options = parsed.options
+        answer, reason = answer_of(
+            asked,
+            max_tokens=options.num_predict if options else None,
+            stop=options.stop if options else None,
+        )
+        reply = _Reply(
+            model=model,
+            chat=chat,
+            answer=answer,
+            reason=reason,
+            prompt_tokens=word_count(*contents),
+        )
+        if parsed.stream is False:
             if self.fail in ("midstream", "truncate"):
                 return Response(500, {"error": "fake ollama: injected failure"})
-            record = {"model": model, "created_at": _now(), "response": prompt}
-            record.update(_final(len(prompt), len(pieces)))
             self.completed += 1
-            return Response(200, record)
-        return Response(200, content_type=_NDJSON, stream=self._stream(model, prompt, pieces))
+            return Response(200, reply.record(answer, final=True))
+        return Response(200, content_type=_NDJSON, stream=self._stream(reply))
 
-    async def _stream(self, model: str, prompt: str, pieces: list[str]) -> AsyncIterator[bytes]:
-        for index, piece in enumerate(pieces):
+    async def _stream(self, reply: _Reply) -> AsyncIterator[bytes]:
+        for index, piece in enumerate(words(reply.answer)):
             if index and self.chunk_delay_s > 0:
                 await trio.sleep(self.chunk_delay_s)
-            yield _line({"model": model, "created_at": _now(), "response": piece, "done": False})
+            yield _line(reply.record(piece))
             if self.fail == "midstream":
                 yield _line({"error": "fake ollama: injected failure mid-stream"})
                 return
             if self.fail == "truncate":
                 return
-        record: dict[str, Any] = {"model": model, "created_at": _now(), "response": ""}
-        record.update(_final(len(prompt), len(pieces)))
-        yield _line(record)
+        yield _line(reply.record("", final=True))
 
 
-def _final(prompt_chars: int, pieces: int) -> dict[str, Any]:
-    """The statistics Ollama puts in its final ``done`` record (durations in nanoseconds)."""
-    return {
-        "done": True,
-        "done_reason": "stop",
-        "context": list(range(1, min(pieces, 8) + 1)),
-        "total_duration": 1_000_000 + 1_000 * pieces,
-        "load_duration": 500_000,
-        "prompt_eval_count": max(1, prompt_chars // 4),
-        "prompt_eval_duration": 100_000,
-        "eval_count": pieces,
-        "eval_duration": 1_000 * pieces,
-    }
+@dataclass(frozen=True)
+class _Reply:
+    model: str
+    chat: bool
+    answer: str
+    reason: str
+    prompt_tokens: int
+
+    def record(self, text: str, *, final: bool = False) -> dict[str, Any]:
+        from tools.fakes import _ollama_types as types
+
+        stats = self._final() if final else {}
+        if self.chat:
+            return types.chat_record(self.model, _now(), text, done=final, **stats)
+        if final:
+            stats["context"] = list(range(1, min(self.prompt_tokens, 8) + 1))
+        return types.generate_record(self.model, _now(), text, done=final, **stats)
+
+    def _final(self) -> dict[str, Any]:
+        """The statistics Ollama puts in its final ``done`` record (durations in nanoseconds)."""
+        generated = word_count(self.answer)
+        return {
+            "done_reason": self.reason,
+            "total_duration": 1_000_000 + 1_000 * generated,
+            "load_duration": 500_000,
+            "prompt_eval_count": self.prompt_tokens,
+            "prompt_eval_duration": 100_000,
+            "eval_count": generated,
+            "eval_duration": 1_000 * generated,
+        }
 
 
 _DETAILS = {

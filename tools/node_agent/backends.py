@@ -9,8 +9,13 @@ else escaping a backend is a bug. Backends own their HTTP client and are closed 
 
 * :class:`EchoBackend` - the reference model: answers with exactly the prompt (a conversation:
   its v1 transcript), counting words as tokens, honouring ``max_tokens`` and ``stop``.
-* :class:`OllamaBackend` - ``POST /api/generate``, NDJSON stream.
-* :class:`OpenAIBackend` - ``POST /v1/chat/completions``, server-sent events.
+* :class:`OllamaBackend` - Ollama's own API: ``POST /api/chat`` for a conversation, ``POST
+  /api/generate`` for a raw prompt, NDJSON streams.
+* :class:`OpenAIBackend` - an OpenAI-compatible server: ``POST /v1/chat/completions`` for a
+  conversation, ``POST /v1/completions`` for a raw prompt, server-sent events.
+
+Both HTTP backends send the conversation as it is and the options under the server's own names
+(the wire formats live in coordinator/hosts/, shared with the coordinator's direct hosts).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import httpx
 import trio
 
 from coordinator.hosts.generation import Finish, Generation
-from coordinator.hosts.host_client import HostError, ollama_generate, openai_generate
+from coordinator.hosts.host_client import HostError
+from coordinator.hosts.ollama_wire import ollama_generate
+from coordinator.hosts.openai_wire import openai_generate
 from protocol import FinishReason, Usage, transcript
 from tools.node_agent.settings import (
     DEFAULT_OLLAMA_URL,
@@ -47,7 +54,7 @@ __all__ = [
 # One word plus the whitespace after it; leading whitespace is a piece of its own.
 _WORD_RE = re.compile(r"^\s+|\S+\s*")
 #: The model server failed, refused, or spoke something we cannot read (the wire formats
-#: live in coordinator/hosts/host_client.py, shared with the coordinator's direct hosts).
+#: live in coordinator/hosts/, shared with the coordinator's direct hosts).
 BackendError = HostError
 
 
@@ -136,12 +143,6 @@ def echo_answer(request: Generation) -> tuple[str, FinishReason]:
     return text, "stop"
 
 
-def _flat_prompt(request: Generation) -> str:
-    if request.messages is not None:
-        return transcript(list(request.messages))
-    return request.prompt or ""
-
-
 class _HttpBackend:
     """Shared HTTP plumbing: one client, no read timeout (the task's timeout_s bounds it)."""
 
@@ -170,7 +171,7 @@ class _HttpBackend:
 
 
 class OllamaBackend(_HttpBackend):
-    """Ollama's ``POST /api/generate``, reading its NDJSON stream to the ``done`` record."""
+    """Ollama's ``POST /api/chat`` / ``POST /api/generate``, read to the ``done`` record."""
 
     name = "ollama"
 
@@ -187,17 +188,14 @@ class OllamaBackend(_HttpBackend):
             return None
         return [m for m in models if m in loaded]
 
-    async def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
-        # Always streams from the server (host_client.py): a cancelled task stops generation
+    def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
+        # Always streams from the server (ollama_wire.py): a cancelled task stops generation
         # at once by dropping the connection.
-        async for piece in ollama_generate(
-            self._client, self.base_url, request.model, _flat_prompt(request)
-        ):
-            yield piece
+        return ollama_generate(self._client, self.base_url, request)
 
 
 class OpenAIBackend(_HttpBackend):
-    """An OpenAI-compatible ``POST /v1/chat/completions`` with ``stream: true`` (SSE)."""
+    """An OpenAI-compatible ``POST /v1/chat/completions`` / ``POST /v1/completions`` (SSE)."""
 
     name = "openai"
 
@@ -212,11 +210,8 @@ class OpenAIBackend(_HttpBackend):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         super().__init__(base_url, headers=headers, **kwargs)
 
-    async def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
-        async for piece in openai_generate(
-            self._client, self.base_url, request.model, _flat_prompt(request)
-        ):
-            yield piece
+    def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
+        return openai_generate(self._client, self.base_url, request)
 
 
 def make_backend(settings: NodeSettings, *, rng: random.Random) -> Backend:

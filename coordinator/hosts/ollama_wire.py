@@ -1,0 +1,132 @@
+"""Ollama's native API: a conversation goes to ``POST /api/chat``, a raw prompt to ``POST
+/api/generate``; both are read as an NDJSON stream to the ``done`` record, whose counts and
+``done_reason`` make the :class:`Finish`.
+
+Ollama knows no ``developer`` role, so it is sent as ``system`` (the role it renames). The
+sampling options go into Ollama's ``options`` object under Ollama's names (``max_tokens`` is
+``num_predict``); the answer format is a top-level ``format``: ``"json"``, or the JSON schema
+itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpx
+
+from coordinator.hosts.generation import Finish, Generation
+from coordinator.hosts.host_client import HostError, describe, short, status_error, usage_of
+from protocol import FinishReason, Options
+
+__all__ = ["ollama_generate", "ollama_request"]
+
+_NAME = "ollama"
+# Ours -> Ollama's ``options`` field; only those a task sets are sent (None: the model's own).
+_OPTION_FIELDS = (
+    ("max_tokens", "num_predict"),
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("top_k", "top_k"),
+    ("stop", "stop"),
+    ("seed", "seed"),
+    ("presence_penalty", "presence_penalty"),
+    ("frequency_penalty", "frequency_penalty"),
+)
+
+
+def ollama_request(request: Generation) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body that ask Ollama for ``request``."""
+    body: dict[str, Any] = {"model": request.model}
+    if request.messages is not None:
+        path = "/api/chat"
+        body["messages"] = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            for m in request.messages
+        ]
+    else:
+        path = "/api/generate"
+        body["prompt"] = request.prompt or ""
+    body["stream"] = True
+    if request.options is not None:
+        body.update(_options(request.options))
+    return path, body
+
+
+def _options(options: Options) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    mapped = {
+        theirs: getattr(options, ours)
+        for ours, theirs in _OPTION_FIELDS
+        if getattr(options, ours) is not None
+    }
+    if mapped:
+        fields["options"] = mapped
+    if options.json_schema is not None:
+        fields["format"] = options.json_schema
+    elif options.format == "json":
+        fields["format"] = "json"
+    return fields
+
+
+async def ollama_generate(
+    client: httpx.AsyncClient, base_url: str, request: Generation
+) -> AsyncGenerator[str | Finish, None]:
+    path, body = ollama_request(request)
+    chat = path == "/api/chat"
+    try:
+        async with client.stream("POST", f"{base_url}{path}", json=body) as response:
+            if response.status_code != 200:
+                raise await status_error(_NAME, response)
+            async for line in response.aiter_lines():
+                record = _record(line)
+                if record is None:
+                    continue
+                piece = _piece(record, chat)
+                if piece:
+                    yield piece
+                if record.get("done"):
+                    yield _finish(record)
+                    return
+            raise HostError("ollama: stream ended before the final done record")
+    except httpx.HTTPError as exc:
+        raise HostError(describe(_NAME, base_url, exc)) from exc
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        raise HostError(f"ollama: malformed stream line {short(line)!r}") from None
+    if not isinstance(record, dict):
+        raise HostError(f"ollama: malformed stream line {short(line)!r}")
+    if record.get("error"):
+        raise HostError(short(f"ollama: {record['error']}"))
+    return record
+
+
+def _piece(record: dict[str, Any], chat: bool) -> str | None:
+    if chat:
+        message = record.get("message")
+        if message is None:
+            return None
+        if not isinstance(message, dict):
+            raise HostError(f"ollama: malformed message {short(repr(message))}")
+        piece = message.get("content")
+    else:
+        piece = record.get("response")
+    if piece is not None and not isinstance(piece, str):
+        raise HostError(f"ollama: malformed output {short(repr(piece))}")
+    return piece
+
+
+def _finish(record: dict[str, Any]) -> Finish:
+    # Ollama leaves prompt_eval_count out when the whole prompt came from its cache: nothing
+    # was evaluated, so it counts as 0 rather than dropping the usage.
+    usage = usage_of(record.get("prompt_eval_count", 0), record.get("eval_count"))
+    # Besides stop and length Ollama says "load" / "unload" (no generation): no bound was hit.
+    reason: FinishReason = "length" if record.get("done_reason") == "length" else "stop"
+    return Finish(usage=usage, finish_reason=reason)
