@@ -3,7 +3,7 @@ caller: the node agent's backends and the coordinator's direct hosts.
 
 A generation is an async iterator of ``str`` output deltas followed by at most one ``Finish``
 (the usage and finish reason the server reported). Pure data; the wire formats are in
-``host_client``.
+``ollama_wire`` and ``openai_wire``.
 """
 
 from __future__ import annotations

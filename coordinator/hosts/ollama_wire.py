@@ -48,6 +48,9 @@ def ollama_request(request: Generation) -> tuple[str, dict[str, Any]]:
     else:
         path = "/api/generate"
         body["prompt"] = request.prompt or ""
+        # A task's prompt is raw text: no template of Ollama's around it (a conversation is
+        # what gets the model's chat template, through /api/chat).
+        body["raw"] = True
     body["stream"] = True
     if request.options is not None:
         body.update(_options(request.options))

@@ -233,7 +233,9 @@ async def test_ollama_backend_sends_the_generate_request(fake_ollama: FakeOllama
     finally:
         await backend.aclose()
     assert fake_ollama.paths == ["/api/generate"]
-    assert fake_ollama.requests == [{"model": "gemma3:1b", "prompt": "hi there", "stream": True}]
+    assert fake_ollama.requests == [
+        {"model": "gemma3:1b", "prompt": "hi there", "raw": True, "stream": True}
+    ]
 
 
 async def test_openai_backend_sends_the_key_from_the_environment(

@@ -104,7 +104,9 @@ async def test_ollama_gets_a_raw_prompt_on_api_generate(fake_ollama: FakeOllama)
     out = await run(OllamaBackend(fake_ollama.url or ""), request)
     assert fake_ollama.paths == ["/api/generate"]
     assert fake_ollama.requests == [
-        {"model": "m", "prompt": "a b STOP c d", "stream": True, "options": {"stop": ["STOP"]}}
+        # raw: Ollama puts no template around a task's prompt (a conversation gets it).
+        {"model": "m", "prompt": "a b STOP c d", "raw": True, "stream": True,
+         "options": {"stop": ["STOP"]}}  # fmt: skip
     ]
     usage = Usage(prompt_tokens=5, completion_tokens=2)
     assert out == ["a ", "b ", Finish(usage=usage, finish_reason="stop")]

@@ -175,6 +175,7 @@ def test_a_conversation_and_its_options_reach_the_model_server_in_its_own_api(pr
         assert raw["body"] == {
             "model": MODEL,
             "prompt": "a b STOP c",
+            "raw": True,
             "stream": True,
             "options": {"stop": ["STOP"]},
         }
