@@ -6,6 +6,7 @@ usage_routes.py     GET /api/v1/usage: tokens per key and model over a time wind
 usage_schemas.py    its query and response Structs
 responses.py        typed JSON responses
 errors.py           every error as the native JSON body
+task_runs.py        one task as every route runs it (whole, or streamed event by event)
 openapi.py          /openapi.json built from the Structs
 metrics_http.py     GET /metrics (on the API port, or on GEMMANET_METRICS_PORT)
 node_websocket.py   /ws/node served from the ASGI events below Quart (every node message)

@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-import trio
 from quart import Blueprint, Quart, Response
 from quart_schema import hide
 
@@ -47,6 +46,14 @@ from coordinator.api.ollama_schemas import (
 from coordinator.api.responses import json_response
 from coordinator.api.routes import authenticate, decode_body, instance, read_raw_body
 from coordinator.api.schemas import NodeInfo
+from coordinator.api.task_runs import (
+    STREAM_HEADERS,
+    TaskAsk,
+    open_stream,
+    run_whole,
+    stream_events,
+    task_headers,
+)
 from coordinator.errors import GemmaNetError, NoNodeForModel
 from coordinator.runtime import instance_status
 from coordinator.runtime.instance import Instance
@@ -67,10 +74,6 @@ def _timestamp(seconds: float | None = None) -> str:
 
 def _ns(seconds: float) -> int:
     return max(0, round(seconds * 1e9))
-
-
-def _task_headers(handle: TaskHandle) -> dict[str, str]:
-    return {"X-GemmaNet-Task-Id": handle.task_id, "X-GemmaNet-Node-Id": handle.node_id}
 
 
 class _Records:
@@ -149,70 +152,33 @@ async def _answer(
         if body.model not in _models_of(await _online_nodes(usable_only=True)):
             raise NoNodeForModel(f"no online node serves model {body.model!r}")
         return json_response(records.record("", done=True, done_reason="load"))
-    if body.stream:
-        handle = await inst.start_task(
-            key_id=key_id,
-            model=body.model,
-            prompt=prompt,
-            messages=messages,
-            options=options,
-            stream=True,
-            timeout_s=body.timeout_s,
-        )
-        return await _stream(inst, handle, records)
-    async with inst.open_task(
-        key_id=key_id,
+    ask = TaskAsk(
         model=body.model,
         prompt=prompt,
         messages=messages,
         options=options,
-        stream=False,
         timeout_s=body.timeout_s,
-    ) as handle:
-        done = await handle.result()
-    return json_response(records.final(done.output, done), headers=_task_headers(handle))
-
-
-async def _stream(inst: Instance, handle: TaskHandle, records: _Records) -> Response:
-    """Like the native stream: the first event is awaited before answering 200, so a task that
-    fails before producing anything gets its real status and error body."""
-    try:
-        first = await handle.next_event()
-    except GemmaNetError as exc:
-        await inst.end_task(handle, exc.code)
-        raise
-    except BaseException:
-        await inst.end_task(handle, "client_gone")
-        raise
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_task_headers(handle)}
-    return Response(_lines(inst, handle, first, records), 200, headers, content_type=NDJSON)
+    )
+    if body.stream:
+        handle, first = await open_stream(inst, key_id, ask)
+        headers = {**STREAM_HEADERS, **task_headers(handle)}
+        lines = _lines(inst, handle, first, records)
+        return Response(lines, 200, headers, content_type=NDJSON)
+    handle, done = await run_whole(inst, key_id, ask)
+    return json_response(records.final(done.output, done), headers=task_headers(handle))
 
 
 async def _lines(
     inst: Instance, handle: TaskHandle, first: ChunkEvent | DoneEvent, records: _Records
 ) -> AsyncIterator[bytes]:
-    outcome = "client_gone"
-    try:
-        streamed = False
-        event = first
-        while isinstance(event, ChunkEvent):
+    async for event in stream_events(inst, handle, first):
+        if isinstance(event, ChunkEvent):
             if event.delta:
-                streamed = True
                 yield records.line(records.record(event.delta))
-            event = await handle.next_event()
-        outcome = "ok"
-    except GemmaNetError as exc:
-        outcome = exc.code
-        await inst.end_task(handle, outcome)
-        yield error_line(exc)
-        return
-    finally:
-        with trio.CancelScope(shield=True):
-            await inst.end_task(handle, outcome)
-    if not streamed and event.output:
-        # A backend that answered in one piece: its output is the one content record.
-        yield records.line(records.record(event.output))
-    yield records.line(records.final("", event))
+        elif isinstance(event, GemmaNetError):
+            yield error_line(event)
+        else:
+            yield records.line(records.final("", event))
 
 
 def register_ollama_routes(app: Quart) -> None:

@@ -39,16 +39,14 @@ from coordinator.api.openai_streams import (
     ChatChunks,
     TextChunks,
     stream_task,
-    task_headers,
     usage_of,
 )
 from coordinator.api.responses import json_response
 from coordinator.api.routes import authenticate, decode_body, instance, read_raw_body
 from coordinator.api.schemas import NodeInfo
+from coordinator.api.task_runs import TaskAsk, run_whole, task_headers
 from coordinator.errors import NoNodeForModel
 from coordinator.runtime import instance_status
-from coordinator.runtime.instance import Instance
-from protocol import Message, Options
 
 F = TypeVar("F", bound=Callable[..., Any])
 _BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -80,28 +78,6 @@ async def _served_models() -> list[ModelCard]:
     return [ModelCard(id=model, created=first_seen[model]) for model in sorted(first_seen)]
 
 
-async def _run(
-    inst: Instance,
-    key_id: str,
-    body: ChatCompletionRequest | CompletionRequest,
-    *,
-    prompt: str | None = None,
-    messages: list[Message] | None = None,
-    options: Options,
-) -> tuple[str, str, Any]:
-    async with inst.open_task(
-        key_id=key_id,
-        model=body.model,
-        prompt=prompt,
-        messages=messages,
-        options=options,
-        stream=False,
-        timeout_s=body.timeout_s,
-    ) as handle:
-        done = await handle.result()
-    return handle.task_id, handle.node_id, done
-
-
 def register_openai_routes(app: Quart) -> None:
     blueprint = Blueprint("openai", __name__, url_prefix="/v1")
     install_openai_error_handlers(blueprint)
@@ -129,30 +105,25 @@ def register_openai_routes(app: Quart) -> None:
         options = options_of(body)
         messages = chat_messages(body.messages)
         created = int(time.time())
-        if body.stream:
-            return await stream_task(
-                inst,
-                api_key.key_id,
-                body,
-                ChatChunks(body.model, created, body.include_usage),
-                messages=messages,
-                options=options,
-            )
-        task_id, node_id, done = await _run(
-            inst, api_key.key_id, body, messages=messages, options=options
+        ask = TaskAsk(
+            model=body.model, messages=messages, options=options, timeout_s=body.timeout_s
         )
+        if body.stream:
+            chunks = ChatChunks(body.model, created, body.include_usage)
+            return await stream_task(inst, api_key.key_id, ask, chunks)
+        handle, done = await run_whole(inst, api_key.key_id, ask)
         choice = CompletionChoice(
             message=AssistantMessage(content=done.output),
             finish_reason=done.finish_reason or "stop",
         )
         completion = ChatCompletion(
-            id=completion_id(task_id),
+            id=completion_id(handle.task_id),
             created=created,
             model=body.model,
             choices=[choice],
             usage=usage_of(done.usage),
         )
-        return json_response(completion, headers=task_headers(task_id, node_id))
+        return json_response(completion, headers=task_headers(handle))
 
     @blueprint.post("/completions")
     @security_scheme(_BEARER)
@@ -175,22 +146,19 @@ def register_openai_routes(app: Quart) -> None:
         options = options_of(body)
         prompt = completion_prompt(body)
         created = int(time.time())
+        ask = TaskAsk(model=body.model, prompt=prompt, options=options, timeout_s=body.timeout_s)
         if body.stream:
             chunks = TextChunks(body.model, created, body.include_usage)
-            return await stream_task(
-                inst, api_key.key_id, body, chunks, prompt=prompt, options=options
-            )
-        task_id, node_id, done = await _run(
-            inst, api_key.key_id, body, prompt=prompt, options=options
-        )
+            return await stream_task(inst, api_key.key_id, ask, chunks)
+        handle, done = await run_whole(inst, api_key.key_id, ask)
         completion = TextCompletion(
-            id=TEXT_ID_PREFIX + task_id,
+            id=TEXT_ID_PREFIX + handle.task_id,
             created=created,
             model=body.model,
             choices=[TextChoice(text=done.output, finish_reason=done.finish_reason or "stop")],
             usage=usage_of(done.usage),
         )
-        return json_response(completion, headers=task_headers(task_id, node_id))
+        return json_response(completion, headers=task_headers(handle))
 
     @blueprint.get("/models")
     @security_scheme(_BEARER)

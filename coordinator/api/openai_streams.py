@@ -1,9 +1,9 @@
 """Streamed answers of the OpenAI-compatible routes: server-sent events in OpenAI's chunk
 formats (``chat.completion.chunk``, ``text_completion``), ending in ``data: [DONE]``.
 
-Like the native stream, the first event is awaited before answering 200, so a task that fails
-before producing anything gets its real status and error body; a failure after that is one
-``{"error": {…}}`` chunk and the stream ends without ``[DONE]``. With
+Like the native stream (``task_runs``), the first event is awaited before answering 200, so a
+task that fails before producing anything gets its real status and error body; a failure after
+that is one ``{"error": {…}}`` chunk and the stream ends without ``[DONE]``. With
 ``stream_options.include_usage`` every chunk carries ``"usage": null`` and one last chunk with
 no choices carries the usage (OpenAI's convention).
 """
@@ -14,24 +14,28 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 import msgspec
-import trio
 from quart import Response
 
 from coordinator.api.openai_errors import openai_error_body, param_of, status_and_code
 from coordinator.api.openai_schemas import (
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChunkChoice,
     ChunkDelta,
-    CompletionRequest,
     TextChoice,
     TextCompletion,
     Usage,
 )
+from coordinator.api.task_runs import (
+    STREAM_HEADERS,
+    TaskAsk,
+    open_stream,
+    stream_events,
+    task_headers,
+)
 from coordinator.errors import GemmaNetError
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.task_handle import ChunkEvent, DoneEvent, TaskHandle
-from protocol import FinishReason, Message, Options
+from protocol import FinishReason
 from protocol import Usage as TaskUsage
 
 __all__ = [
@@ -40,7 +44,6 @@ __all__ = [
     "ChatChunks",
     "TextChunks",
     "stream_task",
-    "task_headers",
     "usage_of",
 ]
 
@@ -62,10 +65,6 @@ def usage_of(usage: TaskUsage | None) -> Usage | None:
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
     )
-
-
-def task_headers(task_id: str, node_id: str) -> dict[str, str]:
-    return {"X-GemmaNet-Task-Id": task_id, "X-GemmaNet-Node-Id": node_id}
 
 
 class Chunks(Protocol):
@@ -134,38 +133,9 @@ class TextChunks:
         return self._chunk(task_id, [], usage) if self.include_usage else None
 
 
-async def stream_task(
-    inst: Instance,
-    key_id: str,
-    body: ChatCompletionRequest | CompletionRequest,
-    chunks: Chunks,
-    *,
-    prompt: str | None = None,
-    messages: list[Message] | None = None,
-    options: Options,
-) -> Response:
-    handle = await inst.start_task(
-        key_id=key_id,
-        model=body.model,
-        prompt=prompt,
-        messages=messages,
-        options=options,
-        stream=True,
-        timeout_s=body.timeout_s,
-    )
-    try:
-        first = await handle.next_event()
-    except GemmaNetError as exc:
-        await inst.end_task(handle, exc.code)
-        raise
-    except BaseException:
-        await inst.end_task(handle, "client_gone")
-        raise
-    headers = {
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-        **task_headers(handle.task_id, handle.node_id),
-    }
+async def stream_task(inst: Instance, key_id: str, ask: TaskAsk, chunks: Chunks) -> Response:
+    handle, first = await open_stream(inst, key_id, ask)
+    headers = {**STREAM_HEADERS, **task_headers(handle)}
     events = _events(inst, handle, first, chunks)
     return Response(events, 200, headers, content_type="text/event-stream")
 
@@ -174,33 +144,20 @@ async def _events(
     inst: Instance, handle: TaskHandle, first: ChunkEvent | DoneEvent, chunks: Chunks
 ) -> AsyncIterator[bytes]:
     task_id = handle.task_id
-    outcome = "client_gone"
-    try:
-        opening = chunks.first(task_id)
-        if opening is not None:
-            yield opening
-        streamed = False
-        event = first
-        while isinstance(event, ChunkEvent):
+    opening = chunks.first(task_id)
+    if opening is not None:
+        yield opening
+    async for event in stream_events(inst, handle, first):
+        if isinstance(event, ChunkEvent):
             if event.delta:
-                streamed = True
                 yield chunks.delta(task_id, event.delta)
-            event = await handle.next_event()
-        outcome = "ok"
-    except GemmaNetError as exc:
-        outcome = exc.code
-        await inst.end_task(handle, outcome)
-        status, code = status_and_code(exc)
-        yield _sse(openai_error_body(status, code, exc.client_message, param_of(exc)))
-        return
-    finally:
-        with trio.CancelScope(shield=True):
-            await inst.end_task(handle, outcome)
-    if not streamed and event.output:
-        # A backend that answered in one piece: its output is the one content delta.
-        yield chunks.delta(task_id, event.output)
-    yield chunks.last(task_id, event.finish_reason or "stop")
-    closing = chunks.usage(task_id, usage_of(event.usage))
-    if closing is not None:
-        yield closing
-    yield STREAM_END
+        elif isinstance(event, GemmaNetError):
+            status, code = status_and_code(event)
+            yield _sse(openai_error_body(status, code, event.client_message, param_of(event)))
+            return
+        else:
+            yield chunks.last(task_id, event.finish_reason or "stop")
+            closing = chunks.usage(task_id, usage_of(event.usage))
+            if closing is not None:
+                yield closing
+            yield STREAM_END

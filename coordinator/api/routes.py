@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import msgspec
-import trio
 from quart import Quart, Response, current_app, request
 from quart_schema import document_request, document_response, security_scheme
 
@@ -32,6 +31,13 @@ from coordinator.api.schemas import (
     TaskResponse,
     TaskTimings,
     TokenUsage,
+)
+from coordinator.api.task_runs import (
+    STREAM_HEADERS,
+    TaskAsk,
+    open_stream,
+    run_whole,
+    stream_events,
 )
 from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
 from coordinator.runtime import instance_status
@@ -178,28 +184,19 @@ def register_routes(app: Quart) -> None:
         body = decode_body(data, TaskRequest)
         if (body.prompt is None) == (body.messages is None):
             raise InvalidFields("invalid request: give exactly one of 'prompt' and 'messages'")
-        if body.stream:
-            return await _stream(inst, api_key, body)
-        async with inst.open_task(
-            key_id=api_key.key_id,
+        ask = TaskAsk(
             model=body.model,
             prompt=body.prompt,
             messages=body.messages,
             options=body.options,
-            stream=False,
             timeout_s=body.timeout_s,
-        ) as handle:
-            done = await handle.result()
-        return json_response(
-            TaskResponse(
-                task_id=handle.task_id,
-                node_id=handle.node_id,
-                output=done.output,
-                usage=TokenUsage.of(done.usage),
-                finish_reason=done.finish_reason,
-                timings=TaskTimings.of(done.timings),
-            )
         )
+        if body.stream:
+            handle, first = await open_stream(inst, api_key.key_id, ask)
+            events = _events(inst, handle, first)
+            return Response(events, 200, STREAM_HEADERS, content_type="text/event-stream")
+        handle, done = await run_whole(inst, api_key.key_id, ask)
+        return json_response(TaskResponse(**_answer(handle, done)))
 
     @app.post("/api/v1/tasks/<task_id>/rating")
     @security_scheme(_BEARER)
@@ -218,57 +215,29 @@ def register_routes(app: Quart) -> None:
         return json_response(RatingResponse(task_id=task_id, score=body.score))
 
 
-async def _stream(inst: Instance, api_key: ApiKey, body: TaskRequest) -> Response:
-    """Server-sent events. The first event is awaited before answering 200, so a task that
-    fails before producing anything still gets its proper status (502/503/504)."""
-    handle = await inst.start_task(
-        key_id=api_key.key_id,
-        model=body.model,
-        prompt=body.prompt,
-        messages=body.messages,
-        options=body.options,
-        stream=True,
-        timeout_s=body.timeout_s,
-    )
-    try:
-        first = await handle.next_event()
-    except GemmaNetError as exc:
-        await inst.end_task(handle, exc.code)
-        raise
-    except BaseException:
-        await inst.end_task(handle, "client_gone")
-        raise
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Response(_events(inst, handle, first), 200, headers, content_type="text/event-stream")
+def _answer(handle: TaskHandle, done: TaskDone) -> dict[str, Any]:
+    """What the answer and the stream's done event say of the finished task."""
+    return {
+        "task_id": handle.task_id,
+        "node_id": handle.node_id,
+        "output": done.output,
+        "usage": TokenUsage.of(done.usage),
+        "finish_reason": done.finish_reason,
+        "timings": TaskTimings.of(done.timings),
+    }
 
 
 async def _events(
     inst: Instance, handle: TaskHandle, first: ChunkEvent | TaskDone
 ) -> AsyncIterator[bytes]:
-    outcome = "client_gone"
-    try:
-        event = first
-        while isinstance(event, ChunkEvent):
+    async for event in stream_events(inst, handle, first, whole_as_chunk=False):
+        if isinstance(event, ChunkEvent):
             yield _sse(DeltaEvent(delta=event.delta))
-            event = await handle.next_event()
-        outcome = "ok"
-    except GemmaNetError as exc:
-        outcome = exc.code
-        await inst.end_task(handle, outcome)
-        error = StreamErrorDetail(code=exc.code, message=exc.client_message, status=exc.status)
-        yield _sse(StreamErrorEvent(error=error))
-        return
-    finally:
-        with trio.CancelScope(shield=True):
-            await inst.end_task(handle, outcome)
-    # The task is recorded (queued for the next batch write) before the final event.
-    yield _sse(
-        DoneEvent(
-            task_id=handle.task_id,
-            node_id=handle.node_id,
-            output=event.output,
-            usage=TokenUsage.of(event.usage),
-            finish_reason=event.finish_reason,
-            timings=TaskTimings.of(event.timings),
-        )
-    )
+        elif isinstance(event, GemmaNetError):
+            detail = StreamErrorDetail(
+                code=event.code, message=event.client_message, status=event.status
+            )
+            yield _sse(StreamErrorEvent(error=detail))
+        else:
+            # The task is recorded (queued for the next batch write) before this event.
+            yield _sse(DoneEvent(**_answer(handle, event)))

@@ -105,8 +105,13 @@ async def test_ollama_gets_a_raw_prompt_on_api_generate(fake_ollama: FakeOllama)
     assert fake_ollama.paths == ["/api/generate"]
     assert fake_ollama.requests == [
         # raw: Ollama puts no template around a task's prompt (a conversation gets it).
-        {"model": "m", "prompt": "a b STOP c d", "raw": True, "stream": True,
-         "options": {"stop": ["STOP"]}}  # fmt: skip
+        {
+            "model": "m",
+            "prompt": "a b STOP c d",
+            "raw": True,
+            "stream": True,
+            "options": {"stop": ["STOP"]},
+        }
     ]
     usage = Usage(prompt_tokens=5, completion_tokens=2)
     assert out == ["a ", "b ", Finish(usage=usage, finish_reason="stop")]

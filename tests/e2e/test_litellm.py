@@ -20,7 +20,7 @@ import litellm
 pytestmark = [
     pytest.mark.e2e,
     # LiteLLM's own pydantic models warn about ReadOnly TypedDict items; not ours to fix.
-    pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier"),
+    pytest.mark.filterwarnings("ignore:Items? .* using the `ReadOnly` qualifier"),
 ]
 
 MESSAGES = [
