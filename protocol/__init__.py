@@ -8,6 +8,11 @@ on the wire (``codes``: WebSocket close codes, task error codes), and the host t
 sample a heartbeat may carry (``telemetry``). Nothing in this
 package does I/O or imports an event loop, so the coordinator, the node agent and the simulator
 all speak exactly the same bytes.
+
+Two subpackages hold what the node agent shares with the coordinator without importing it:
+``model_servers`` (the requests and stream readers of Ollama's and OpenAI-compatible APIs,
+sans-IO: the caller owns the HTTP connection) and ``log_lines`` (the log ids, the secret
+redactor and the text/JSON line formats of the interface).
 """
 
 from protocol.codec import (

@@ -6,8 +6,8 @@ reports what the host answered the way an owner instance reports a node's answer
 ``BusChunk`` envelopes while the task streams, then one ``BusResult`` (the joined output with the
 usage and finish reason the host reported and the call's timings, or a ``backend_error``
 failure). So the requester's tracker checks them like any node's answers, and SSE and OpenAI
-streaming work unchanged. The host is asked in its own API (``ollama_wire``, ``openai_wire``):
-the conversation, the raw prompt and the options as the task carries them.
+streaming work unchanged. The host is asked in its own API (``protocol/model_servers/``, over
+``host_client``): the conversation, the raw prompt and the options as the task carries them.
 
 A call that the machine stops is cancelled, which drops its HTTP connection (the host stops
 generating). A call never outlives its task's deadline by more than ``OVERRUN_GRACE_S``, even
@@ -28,11 +28,9 @@ from coordinator.capacity import HostSpec
 from coordinator.core.direct_hosts import host_conn_id
 from coordinator.core.effects import CallHost
 from coordinator.core.tracker import MAX_STREAMED_CHARS
-from coordinator.hosts.generation import Finish, Generation
-from coordinator.hosts.host_client import HostError
-from coordinator.hosts.ollama_wire import ollama_generate
-from coordinator.hosts.openai_wire import openai_generate
+from coordinator.hosts.host_client import stream_call
 from protocol import BusChunk, BusResult, TaskErrorCode, TaskFailure, Timings, stamped
+from protocol.model_servers import Finish, Generation, HostError, ollama_call, openai_call
 
 __all__ = ["HostCalls"]
 
@@ -166,8 +164,8 @@ class HostCalls:
     def _generate(self, effect: CallHost) -> AsyncGenerator[str | Finish, None]:
         assert self._client is not None
         spec = self._hosts[effect.host_id]
-        generate = ollama_generate if spec.kind == "ollama" else openai_generate
-        return generate(self._client, spec.url, Generation.of(effect.envelope))
+        call = ollama_call if spec.kind == "ollama" else openai_call
+        return stream_call(self._client, spec.url, call(Generation.of(effect.envelope)))
 
 
 def _seconds(elapsed: float) -> float:

@@ -1,48 +1,49 @@
-"""What every wire format of a model host shares: one short error for every way a host can
-fail, and the reading of the usage numbers a host reports.
+"""The coordinator's HTTP side of a call to a direct model host: one httpx stream per call.
 
-The wire formats themselves are ``ollama_wire`` and ``openai_wire``. Each always streams from
-the server, even for a task that does not stream: the caller joins the deltas, and cancelling
-the caller drops the connection, which stops the generation at once. Every failure of the
-server surfaces as :class:`HostError` with a short, loggable message; anything else escaping
-is a bug. The caller owns the ``httpx.AsyncClient`` (no read timeout on it: the task's timeout
-bounds a call).
+What to send and how to read the answer is sans-IO, in ``protocol/model_servers/`` (the wire
+formats of Ollama and OpenAI-compatible servers, shared with the node agent). This opens the
+stream, turns a non-200 answer into its short ``HostError`` from a bounded read of the body,
+feeds the text lines to the call's reader, and maps httpx's errors to a ``HostError`` too. The
+node agent keeps its own copy of these few lines (``tools/node_agent/backends.py``): the
+coordinator must not import the tools, and the agent must not import the coordinator. The
+caller owns the ``httpx.AsyncClient`` (no read timeout on it: the task's timeout bounds a call).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 import httpx
 
-from protocol import Usage
+from protocol.model_servers import Finish, HostError, ServerCall, bounded_body, short, status_error
 
-__all__ = [
-    "MAX_ERROR_BODY_BYTES",
-    "HostError",
-    "describe",
-    "short",
-    "status_error",
-    "token_count",
-    "usage_of",
-]
-
-_MAX_ERROR_CHARS = 200
-#: how much of an error response is read: enough for any server's message, never a whole page
-MAX_ERROR_BODY_BYTES = 4096
-# Usage travels in the bus and node envelopes, whose decoders refuse counts past this bound:
-# a host reporting more must not turn a good answer into an undecodable result.
-_MAX_TOKEN_COUNT = 2**53 - 1
+__all__ = ["describe", "stream_call"]
 
 
-class HostError(Exception):
-    """The model server failed, refused, or spoke something we cannot read."""
+async def stream_call(
+    client: httpx.AsyncClient, base_url: str, call: ServerCall
+) -> AsyncGenerator[str | Finish, None]:
+    """The output deltas of ``call`` posted to ``base_url``, then its Finish."""
+    try:
+        async with client.stream(
+            "POST", f"{base_url}{call.path}", json=call.body, headers=dict(call.headers)
+        ) as response:
+            if response.status_code != 200:
+                raise await _status_error(call.server, response)
+            async with aclosing(call.read(response.aiter_lines())) as items:
+                async for item in items:
+                    yield item
+    except httpx.HTTPError as exc:
+        raise HostError(describe(call.server, base_url, exc)) from exc
 
 
-def short(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
+async def _status_error(server: str, response: httpx.Response) -> HostError:
+    try:
+        body = await bounded_body(response.aiter_bytes())
+    except httpx.HTTPError:
+        body = b""  # the status alone says enough
+    return status_error(server, response.status_code, body)
 
 
 def describe(name: str, base_url: str, exc: httpx.HTTPError) -> str:
@@ -53,41 +54,3 @@ def describe(name: str, base_url: str, exc: httpx.HTTPError) -> str:
     if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError)):
         return f"{name}: connection to {base_url} lost mid-response"
     return short(f"{name}: {type(exc).__name__}: {exc}")
-
-
-async def status_error(name: str, response: httpx.Response) -> HostError:
-    """The HostError of a non-200 answer, with the server's own message when it gave one."""
-    detail = ""
-    try:
-        body = b""
-        async for piece in response.aiter_bytes():
-            body += piece
-            if len(body) >= MAX_ERROR_BODY_BYTES:
-                break
-        body = body[:MAX_ERROR_BODY_BYTES]
-        try:
-            payload: Any = json.loads(body)
-        except ValueError:
-            payload = None
-        error = payload.get("error") if isinstance(payload, dict) else None
-        if isinstance(error, dict):
-            error = error.get("message")
-        detail = str(error) if error else body.decode("utf-8", "replace")
-    except httpx.HTTPError:
-        pass
-    reason = f"{name}: HTTP {response.status_code}"
-    return HostError(short(f"{reason}: {detail}" if detail else reason))
-
-
-def token_count(value: object) -> int | None:
-    """``value`` as a token count, or None when it is not one (absent, negative, a bool...)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value if 0 <= value <= _MAX_TOKEN_COUNT else None
-
-
-def usage_of(prompt: object, completion: object) -> Usage | None:
-    prompt_tokens, completion_tokens = token_count(prompt), token_count(completion)
-    if prompt_tokens is None or completion_tokens is None:
-        return None
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)

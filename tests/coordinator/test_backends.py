@@ -13,7 +13,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.hosts.generation import Finish, Generation
+from protocol.model_servers import Finish, Generation
 from tests.fixtures.fake_servers import assert_nothing_refused
 from tools.fakes.ollama import FakeOllama
 from tools.fakes.openai import FakeOpenAI

@@ -1,5 +1,5 @@
-"""Each model server's own API (coordinator/hosts/ollama_wire.py, openai_wire.py), spoken by the
-node agent's HTTP backends to the fake servers over real sockets. The fakes check every body
+"""Each model server's own API (protocol/model_servers/ollama_wire.py, openai_wire.py), spoken by
+the node agent's HTTP backends to the fake servers over real sockets. The fakes check every body
 against the real client libraries' request types (``ollama`` 0.6.3, ``openai`` 3.51.0), so
 what is asserted here at the fake is also what the real servers take: a conversation goes to
 the chat route in order, a raw prompt to the completion route, the options under the server's
@@ -19,11 +19,19 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.hosts.generation import Finish, Generation
-from coordinator.hosts.host_client import HostError, token_count, usage_of
-from coordinator.hosts.ollama_wire import ollama_generate, ollama_request
-from coordinator.hosts.openai_wire import openai_generate, openai_request
+from coordinator.hosts.host_client import stream_call
 from protocol import Message, Options, Usage
+from protocol.model_servers import (
+    Finish,
+    Generation,
+    HostError,
+    ollama_call,
+    ollama_request,
+    openai_call,
+    openai_request,
+    token_count,
+    usage_of,
+)
 from tests.protocol.strategies import messages as message_lists
 from tests.protocol.strategies import options as option_sets
 from tools.fakes import _ollama_types, _openai_types
@@ -361,6 +369,7 @@ class Scripted(FakeModelServer):
 _DONE = b'{"done": true, "done_reason": "stop", "prompt_eval_count": 1, "eval_count": 1}\n'
 
 
+@pytest.mark.parametrize("side", ["direct host", "node agent"])
 @pytest.mark.parametrize(
     ("kind", "status", "body", "expected"),
     [
@@ -403,18 +412,25 @@ _DONE = b'{"done": true, "done_reason": "stop", "prompt_eval_count": 1, "eval_co
     ],
 )
 async def test_what_a_host_garbles_is_a_short_host_error_or_read_with_care(
-    nursery: trio.Nursery, kind: str, status: int, body: bytes, expected: str | Finish
+    nursery: trio.Nursery, side: str, kind: str, status: int, body: bytes, expected: str | Finish
 ) -> None:
     url = await nursery.start(Scripted(status, body).run)
-    generate = ollama_generate if kind == "ollama" else openai_generate
     request = Generation(model="m", prompt="p")
-    async with httpx.AsyncClient() as client:
-        if isinstance(expected, Finish):
-            async with aclosing(generate(client, url, request)) as deltas:
-                assert [d async for d in deltas if isinstance(d, Finish)] == [expected]
-            return
-        with pytest.raises(HostError, match=re.escape(expected)) as raised:
-            async with aclosing(generate(client, url, request)) as deltas:
-                async for _ in deltas:
-                    pass
+    if isinstance(expected, Finish):
+        out = await _answer(side, kind, url, request)
+        assert [d for d in out if isinstance(d, Finish)] == [expected]
+        return
+    with pytest.raises(HostError, match=re.escape(expected)) as raised:
+        await _answer(side, kind, url, request)
     assert len(str(raised.value)) <= 200
+
+
+async def _answer(side: str, kind: str, url: str, request: Generation) -> list[str | Finish]:
+    # The readers are shared (protocol/model_servers/); the httpx stream around them is the
+    # coordinator's own for its direct hosts and the agent's own in its backends: both checked.
+    if side == "node agent":
+        backend = OllamaBackend(url) if kind == "ollama" else OpenAIBackend(url, api_key="")
+        return await run(backend, request)
+    call = (ollama_call if kind == "ollama" else openai_call)(request)
+    async with httpx.AsyncClient() as client, aclosing(stream_call(client, url, call)) as deltas:
+        return [delta async for delta in deltas]

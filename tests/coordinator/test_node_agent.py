@@ -21,7 +21,6 @@ from trio_websocket import (
     serve_websocket,
 )
 
-from coordinator.hosts.generation import Generation
 from protocol import (
     MAX_OUTPUT_BYTES,
     PROTOCOL_VERSION,
@@ -38,6 +37,7 @@ from protocol import (
     decode_node,
     encode,
 )
+from protocol.model_servers import Generation
 from tools.fakes.ollama import FakeOllama
 from tools.node_agent import (
     AgentConfig,

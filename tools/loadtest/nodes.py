@@ -36,8 +36,8 @@ from typing import Any, TextIO
 
 import trio
 
-from coordinator.hosts.generation import Finish, Generation
 from protocol import Welcome
+from protocol.model_servers import Finish, Generation
 from tools.node_agent import (
     AgentConfig,
     AgentExit,

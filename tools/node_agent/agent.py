@@ -36,8 +36,6 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-from coordinator.hosts.generation import Finish, Generation
-from coordinator.runtime.log_context import bind_log_ids
 from protocol import (
     MAX_FRAME_BYTES,
     MAX_OUTPUT_BYTES,
@@ -58,6 +56,8 @@ from protocol import (
     stamped,
     text_bytes,
 )
+from protocol.log_lines import bind_log_ids
+from protocol.model_servers import Finish, Generation
 from protocol.telemetry import TelemetrySample, encode_sample
 from tools.node_agent.backends import Backend, BackendError
 from tools.node_agent.silence import receive_unless_silent

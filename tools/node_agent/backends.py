@@ -14,8 +14,11 @@ else escaping a backend is a bug. Backends own their HTTP client and are closed 
 * :class:`OpenAIBackend` - an OpenAI-compatible server: ``POST /v1/chat/completions`` for a
   conversation, ``POST /v1/completions`` for a raw prompt, server-sent events.
 
-Both HTTP backends send the conversation as it is and the options under the server's own names
-(the wire formats live in coordinator/hosts/, shared with the coordinator's direct hosts).
+Both HTTP backends send the conversation as it is and the options under the server's own names.
+The wire formats are sans-IO in ``protocol/model_servers/``, shared with the coordinator's direct
+hosts; what is left here is the httpx stream that carries them (``_HttpBackend._stream``). The
+coordinator has its own copy of those few lines (``coordinator/hosts/host_client.py``): the agent
+imports nothing of the coordinator, so a model host runs it without the server's dependencies.
 """
 
 from __future__ import annotations
@@ -23,17 +26,25 @@ from __future__ import annotations
 import os
 import random
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any, Protocol
 
 import httpx
 import trio
 
-from coordinator.hosts.generation import Finish, Generation
-from coordinator.hosts.host_client import HostError
-from coordinator.hosts.ollama_wire import ollama_generate
-from coordinator.hosts.openai_wire import openai_generate
 from protocol import FinishReason, Usage, transcript
+from protocol.model_servers import (
+    Finish,
+    Generation,
+    HostError,
+    ServerCall,
+    bounded_body,
+    ollama_call,
+    openai_call,
+    short,
+    status_error,
+)
 from tools.node_agent.settings import (
     DEFAULT_OLLAMA_URL,
     DEFAULT_OPENAI_URL,
@@ -54,7 +65,7 @@ __all__ = [
 # One word plus the whitespace after it; leading whitespace is a piece of its own.
 _WORD_RE = re.compile(r"^\s+|\S+\s*")
 #: The model server failed, refused, or spoke something we cannot read (the wire formats
-#: live in coordinator/hosts/, shared with the coordinator's direct hosts).
+#: live in protocol/model_servers/, shared with the coordinator's direct hosts).
 BackendError = HostError
 
 
@@ -169,6 +180,38 @@ class _HttpBackend:
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         return None
 
+    async def _stream(self, call: ServerCall) -> AsyncGenerator[str | Finish, None]:
+        """The output deltas of ``call``, then its Finish; every failure a BackendError."""
+        try:
+            async with self._client.stream(
+                "POST", f"{self.base_url}{call.path}", json=call.body, headers=dict(call.headers)
+            ) as response:
+                if response.status_code != 200:
+                    raise await _status_error(call.server, response)
+                async with aclosing(call.read(response.aiter_lines())) as items:
+                    async for item in items:
+                        yield item
+        except httpx.HTTPError as exc:
+            raise HostError(_describe(call.server, self.base_url, exc)) from exc
+
+
+async def _status_error(server: str, response: httpx.Response) -> HostError:
+    try:
+        body = await bounded_body(response.aiter_bytes())
+    except httpx.HTTPError:
+        body = b""  # the status alone says enough
+    return status_error(server, response.status_code, body)
+
+
+def _describe(name: str, base_url: str, exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"{name}: cannot connect to {base_url}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{name}: timed out talking to {base_url}"
+    if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError)):
+        return f"{name}: connection to {base_url} lost mid-response"
+    return short(f"{name}: {type(exc).__name__}: {exc}")
+
 
 class OllamaBackend(_HttpBackend):
     """Ollama's ``POST /api/chat`` / ``POST /api/generate``, read to the ``done`` record."""
@@ -189,9 +232,9 @@ class OllamaBackend(_HttpBackend):
         return [m for m in models if m in loaded]
 
     def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
-        # Always streams from the server (ollama_wire.py): a cancelled task stops generation
+        # Always streams from the server (server_call.py): a cancelled task stops generation
         # at once by dropping the connection.
-        return ollama_generate(self._client, self.base_url, request)
+        return self._stream(ollama_call(request))
 
 
 class OpenAIBackend(_HttpBackend):
@@ -211,7 +254,7 @@ class OpenAIBackend(_HttpBackend):
         super().__init__(base_url, headers=headers, **kwargs)
 
     def generate(self, request: Generation) -> AsyncIterator[str | Finish]:
-        return openai_generate(self._client, self.base_url, request)
+        return self._stream(openai_call(request))
 
 
 def make_backend(settings: NodeSettings, *, rng: random.Random) -> Backend:

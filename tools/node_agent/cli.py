@@ -15,16 +15,15 @@ import sys
 import threading
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-from coordinator.errors import SettingsError
-from coordinator.log_redaction import register_secret
-from coordinator.logging_setup import configure_logging, json_logging_active, log_format_from_env
-from coordinator.runtime.log_context import bind_log_ids
+from protocol.log_lines import bind_log_ids, json_logging_active, register_secret
+from protocol.telemetry import TelemetrySample
 from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent
 from tools.node_agent.backends import make_backend
+from tools.node_agent.logs import configure_logging_once
 from tools.node_agent.settings import (
     BACKENDS,
     DEFAULT_DRAIN_S,
@@ -35,8 +34,15 @@ from tools.node_agent.settings import (
     UsageError,
 )
 
-if TYPE_CHECKING:
-    from coordinator.telemetry.sampler import LiveTelemetry
+
+class HostTelemetry(Protocol):
+    """What the agent uses of a host sampler (``LiveTelemetry``): the newest sample, kept fresh
+    by ``run``. Typed here so that the agent's modules name nothing of the coordinator."""
+
+    latest: TelemetrySample | None
+
+    async def run(self) -> None: ...
+
 
 EXIT_USAGE = 2
 TOKEN_ENV = "GEMMANET_NODE_TOKEN"
@@ -148,14 +154,6 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
     )
 
 
-def _configure_logging() -> None:
-    # `gemmanet node` has configured it already (GEMMANET_LOG_FORMAT, -v); `python -m
-    # tools.node_agent` has not.
-    root = logging.getLogger()
-    if not root.handlers:
-        configure_logging(log_format=log_format_from_env())
-
-
 async def _watch_signals(agent: NodeAgent) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
@@ -163,7 +161,7 @@ async def _watch_signals(agent: NodeAgent) -> None:
             agent.request_drain()
 
 
-def telemetry_from_args(args: argparse.Namespace) -> LiveTelemetry | None:
+def telemetry_from_args(args: argparse.Namespace) -> HostTelemetry | None:
     """The host telemetry the agent sends, or None (``--telemetry-interval 0``)."""
     raw = str(getattr(args, "telemetry_interval", "0"))
     try:
@@ -174,7 +172,9 @@ def telemetry_from_args(args: argparse.Namespace) -> LiveTelemetry | None:
         return None
     if not 0.05 <= interval <= 3600:
         raise UsageError("--telemetry-interval must be 0 or between 0.05 and 3600 seconds")
-    # Imported here: psutil and the GPU readers are only needed by an agent that samples.
+    # Imported here: psutil and the GPU readers are only needed by an agent that samples. The
+    # sampler is the coordinator's (``gemmanet telemetry-agent`` serves the same samples); it
+    # loads coordinator/telemetry/ alone, none of the server stack (test_node_agent_imports.py).
     from coordinator.telemetry.sampler import LiveTelemetry, Sampler
 
     root = Path(getattr(args, "telemetry_sysfs_root", "/sys"))
@@ -182,7 +182,7 @@ def telemetry_from_args(args: argparse.Namespace) -> LiveTelemetry | None:
 
 
 async def serve_node(
-    settings: NodeSettings, *, handle_signals: bool = True, telemetry: LiveTelemetry | None = None
+    settings: NodeSettings, *, handle_signals: bool = True, telemetry: HostTelemetry | None = None
 ) -> int:
     """Run one agent until it drains (0) or is refused (3, 4); prints why on stderr."""
     seed = settings.seed if settings.seed is not None else random.SystemRandom().getrandbits(64)
@@ -235,8 +235,10 @@ def run_node(args: argparse.Namespace) -> int:
         print(f"gemmanet node: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     try:
-        _configure_logging()
-    except SettingsError as exc:
+        # `gemmanet node` has configured it already (GEMMANET_LOG_FORMAT, -v); `python -m
+        # tools.node_agent` has not.
+        configure_logging_once()
+    except UsageError as exc:
         print(f"gemmanet node: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     # Masked in every log line, whatever a library might print at debug level.

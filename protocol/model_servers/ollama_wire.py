@@ -5,22 +5,21 @@
 Ollama knows no ``developer`` role, so it is sent as ``system`` (the role it renames). The
 sampling options go into Ollama's ``options`` object under Ollama's names (``max_tokens`` is
 ``num_predict``); the answer format is a top-level ``format``: ``"json"``, or the JSON schema
-itself.
+itself. Sans-IO: :func:`ollama_call` says what to send and reads the lines the caller's HTTP
+client receives.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import httpx
+from protocol.conversation import FinishReason, Options
+from protocol.model_servers.generation import Finish, Generation
+from protocol.model_servers.server_call import HostError, ServerCall, short, usage_of
 
-from coordinator.hosts.generation import Finish, Generation
-from coordinator.hosts.host_client import HostError, describe, short, status_error, usage_of
-from protocol import FinishReason, Options
-
-__all__ = ["ollama_generate", "ollama_request"]
+__all__ = ["ollama_call", "ollama_request", "read_ollama_stream"]
 
 _NAME = "ollama"
 # Ours -> Ollama's ``options`` field; only those a task sets are sent (None: the model's own).
@@ -34,6 +33,17 @@ _OPTION_FIELDS = (
     ("presence_penalty", "presence_penalty"),
     ("frequency_penalty", "frequency_penalty"),
 )
+
+
+def ollama_call(request: Generation) -> ServerCall:
+    """The call that asks Ollama for ``request`` and reads its answer."""
+    path, body = ollama_request(request)
+    chat = path == "/api/chat"
+
+    def read(lines: AsyncIterator[str]) -> AsyncGenerator[str | Finish, None]:
+        return read_ollama_stream(lines, chat=chat)
+
+    return ServerCall(server=_NAME, path=path, body=body, read=read)
 
 
 def ollama_request(request: Generation) -> tuple[str, dict[str, Any]]:
@@ -73,28 +83,22 @@ def _options(options: Options) -> dict[str, Any]:
     return fields
 
 
-async def ollama_generate(
-    client: httpx.AsyncClient, base_url: str, request: Generation
+async def read_ollama_stream(
+    lines: AsyncIterator[str], *, chat: bool
 ) -> AsyncGenerator[str | Finish, None]:
-    path, body = ollama_request(request)
-    chat = path == "/api/chat"
-    try:
-        async with client.stream("POST", f"{base_url}{path}", json=body) as response:
-            if response.status_code != 200:
-                raise await status_error(_NAME, response)
-            async for line in response.aiter_lines():
-                record = _record(line)
-                if record is None:
-                    continue
-                piece = _piece(record, chat)
-                if piece:
-                    yield piece
-                if record.get("done"):
-                    yield _finish(record)
-                    return
-            raise HostError("ollama: stream ended before the final done record")
-    except httpx.HTTPError as exc:
-        raise HostError(describe(_NAME, base_url, exc)) from exc
+    """The deltas of an NDJSON answer of ``/api/chat`` (``chat``) or ``/api/generate``, then
+    the Finish of its ``done`` record; a stream that ends before it is a HostError."""
+    async for line in lines:
+        record = _record(line)
+        if record is None:
+            continue
+        piece = _piece(record, chat)
+        if piece:
+            yield piece
+        if record.get("done"):
+            yield _finish(record)
+            return
+    raise HostError("ollama: stream ended before the final done record")
 
 
 def _record(line: str) -> dict[str, Any] | None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from protocol import Assign, BusAssign, FinishReason, Message, Options, Usage
+from protocol.conversation import FinishReason, Message, Options, Usage
+from protocol.envelopes import Assign, BusAssign
 
 __all__ = ["Finish", "Generation"]
 

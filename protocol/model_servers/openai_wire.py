@@ -6,21 +6,21 @@ with no choices.
 The sampling options keep their names; ``top_k``, which OpenAI lacks, is vLLM's extra
 parameter of that name (sent only when a task sets it, since OpenAI itself refuses it). The
 answer format is ``response_format``: a JSON object, or a JSON schema named ``response``.
+Sans-IO: :func:`openai_call` says what to send and reads the lines the caller's HTTP client
+receives.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import httpx
+from protocol.conversation import FinishReason, Message, Options, Usage
+from protocol.model_servers.generation import Finish, Generation
+from protocol.model_servers.server_call import HostError, ServerCall, short, usage_of
 
-from coordinator.hosts.generation import Finish, Generation
-from coordinator.hosts.host_client import HostError, describe, short, status_error, usage_of
-from protocol import FinishReason, Message, Options, Usage
-
-__all__ = ["openai_generate", "openai_request"]
+__all__ = ["openai_call", "openai_request", "read_openai_stream"]
 
 _NAME = "openai"
 # Sent under the same name, only when a task sets them (None: the server's default).
@@ -35,6 +35,19 @@ _PARAMETERS = (
     "frequency_penalty",
 )
 _REASONS: dict[str, FinishReason] = {"length": "length", "content_filter": "content_filter"}
+
+
+def openai_call(request: Generation) -> ServerCall:
+    """The call that asks an OpenAI-compatible server for ``request`` and reads its answer."""
+    path, body = openai_request(request)
+    chat = path == "/v1/chat/completions"
+
+    def read(lines: AsyncIterator[str]) -> AsyncGenerator[str | Finish, None]:
+        return read_openai_stream(lines, chat=chat)
+
+    return ServerCall(
+        server=_NAME, path=path, body=body, read=read, headers={"Accept": "text/event-stream"}
+    )
 
 
 def openai_request(request: Generation) -> tuple[str, dict[str, Any]]:
@@ -74,45 +87,37 @@ def _parameters(options: Options) -> dict[str, Any]:
     return fields
 
 
-async def openai_generate(
-    client: httpx.AsyncClient, base_url: str, request: Generation
+async def read_openai_stream(
+    lines: AsyncIterator[str], *, chat: bool
 ) -> AsyncGenerator[str | Finish, None]:
-    path, body = openai_request(request)
-    chat = path == "/v1/chat/completions"
+    """The deltas of a server-sent-event answer of ``/v1/chat/completions`` (``chat``) or
+    ``/v1/completions``, then one Finish; a stream that ends unfinished is a HostError."""
     usage: Usage | None = None
     reason: FinishReason | None = None
     finished = False
-    try:
-        async with client.stream(
-            "POST", f"{base_url}{path}", json=body, headers={"Accept": "text/event-stream"}
-        ) as response:
-            if response.status_code != 200:
-                raise await status_error(_NAME, response)
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, ": comments", "event:" / "id:" fields
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    finished = True
-                    break
-                event = _event(data)
-                # Some servers (vLLM's continuous usage) count in every chunk: the last wins.
-                usage = _usage(event.get("usage")) or usage
-                for choice in event.get("choices") or ():
-                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                        continue
-                    piece = _piece(choice, chat)
-                    if piece:
-                        yield piece
-                    said = choice.get("finish_reason")
-                    if said:
-                        reason = _REASONS.get(said, "stop") if isinstance(said, str) else "stop"
-                        finished = True
-            # A server that leaves out [DONE] but said why it finished has answered whole.
-            if not finished:
-                raise HostError("openai: stream ended before [DONE]")
-    except httpx.HTTPError as exc:
-        raise HostError(describe(_NAME, base_url, exc)) from exc
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue  # blank separators, ": comments", "event:" / "id:" fields
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            finished = True
+            break
+        event = _event(data)
+        # Some servers (vLLM's continuous usage) count in every chunk: the last wins.
+        usage = _usage(event.get("usage")) or usage
+        for choice in event.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            piece = _piece(choice, chat)
+            if piece:
+                yield piece
+            said = choice.get("finish_reason")
+            if said:
+                reason = _REASONS.get(said, "stop") if isinstance(said, str) else "stop"
+                finished = True
+    # A server that leaves out [DONE] but said why it finished has answered whole.
+    if not finished:
+        raise HostError("openai: stream ended before [DONE]")
     yield Finish(usage=usage, finish_reason=reason)
 
 

@@ -1,0 +1,62 @@
+"""A model host runs only the node agent: importing it loads neither the server stack (Quart,
+Hypercorn, SQLAlchemy, coredis) nor any module of the coordinator, so the host needs only what
+the agent itself uses. Checked in a fresh interpreter, where nothing else has been imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_STACK = {"quart", "hypercorn", "sqlalchemy", "coredis", "quart_trio"}
+
+_IMPORT_THE_AGENT = """
+import tools.node_agent
+import tools.node_agent.cli
+from tools.node_agent import OllamaBackend, OpenAIBackend
+# Building the HTTP backends (and their clients) is part of starting an agent.
+OllamaBackend("http://127.0.0.1:1")
+OpenAIBackend("http://127.0.0.1:1", api_key="")
+"""
+_SAMPLE_TELEMETRY = """
+import argparse
+from tools.node_agent.cli import telemetry_from_args
+assert telemetry_from_args(argparse.Namespace(telemetry_interval="2")) is not None
+"""
+
+
+def _modules_after(code: str) -> set[str]:
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return set(json.loads(done.stdout))
+
+
+def _top_level(modules: set[str]) -> set[str]:
+    return {name.partition(".")[0] for name in modules}
+
+
+def test_the_node_agent_imports_without_the_server_stack_or_the_coordinator() -> None:
+    modules = _modules_after(_IMPORT_THE_AGENT)
+    assert "tools.node_agent.cli" in modules  # the probe did import what it says
+    assert not _top_level(modules) & SERVER_STACK, sorted(_top_level(modules) & SERVER_STACK)
+    assert not [m for m in modules if m.partition(".")[0] == "coordinator"], sorted(
+        m for m in modules if m.startswith("coordinator")
+    )
+
+
+def test_sampling_host_telemetry_loads_the_sampler_alone() -> None:
+    # The sampler is shared with `gemmanet telemetry-agent` (coordinator/telemetry/): an agent
+    # that samples loads that subpackage, and still none of the server stack.
+    modules = _modules_after(_IMPORT_THE_AGENT + _SAMPLE_TELEMETRY)
+    assert not _top_level(modules) & SERVER_STACK, sorted(_top_level(modules) & SERVER_STACK)
+    coordinator = {m for m in modules if m.partition(".")[0] == "coordinator"}
+    assert {m for m in coordinator if not m.startswith("coordinator.telemetry")} == {"coordinator"}
