@@ -1,5 +1,11 @@
 """The ``gemmanet`` command line (see INTERFACE.md). Exit 0 on success; otherwise a one-line
-reason on stderr and a non-zero code."""
+reason on stderr and a non-zero code.
+
+It is the top of the program (tests/test_layers.py): it wires the commands of sim/ and tools/
+as well as the coordinator's, but imports those packages only inside the functions that parse
+or run one of their commands, and only for the command given, so ``gemmanet serve`` loads
+neither the simulator (nor the pytest that ``trio.testing`` brings) nor the tools, and the
+coordinator never depends on the packages built on it."""
 
 from __future__ import annotations
 
@@ -203,10 +209,37 @@ def _listen_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from sim.cli import add_sim_arguments
-    from tools.loadtest import add_loadtest_arguments
+def _node_arguments(parser: argparse.ArgumentParser) -> None:
     from tools.node_agent import add_node_arguments
+
+    add_node_arguments(parser)
+
+
+def _loadtest_arguments(parser: argparse.ArgumentParser) -> None:
+    from tools.loadtest import add_loadtest_arguments
+
+    add_loadtest_arguments(parser)
+
+
+def _sim_arguments(parser: argparse.ArgumentParser) -> None:
+    from sim.cli import add_sim_arguments
+
+    add_sim_arguments(parser)
+
+
+def _command_of(argv: Sequence[str]) -> str:
+    """The command ``argv`` names: its first word that is not an option (the top-level options
+    take no value), "" for none (``gemmanet --help``)."""
+    return next((word for word in argv if not word.startswith("-")), "")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line. ``command`` given, only that command's arguments defined in
+    sim/ or tools/ are added (the others keep their name and help), so parsing one command
+    imports only what it runs; None adds them all (help walkers and tests)."""
+
+    def wanted(name: str) -> bool:
+        return command is None or command == name
 
     parser = argparse.ArgumentParser(
         prog="gemmanet", description="GemmaNet coordinator, node agent and tools"
@@ -245,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     enroll.set_defaults(handler=_nodes_enroll)
 
     node = sub.add_parser("node", help="run a node agent that serves tasks")
-    add_node_arguments(node)
+    if wanted("node"):
+        _node_arguments(node)
     node.set_defaults(handler=_node)
 
     demo = sub.add_parser(
@@ -263,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
 
     loadtest = sub.add_parser("loadtest", help="the load profile of seed 000 section 4.1")
-    add_loadtest_arguments(loadtest)
+    if wanted("loadtest"):
+        _loadtest_arguments(loadtest)
     loadtest.set_defaults(handler=_loadtest)
 
     telemetry = sub.add_parser(
@@ -310,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     redis_acl.set_defaults(handler=_redis_acl)
 
     sim = sub.add_parser("sim", help="deterministic simulator: run, replay, sweep")
-    add_sim_arguments(sim)
+    if wanted("sim"):
+        _sim_arguments(sim)
     sim.set_defaults(handler=_sim)
 
     _add_monitor_commands(sub)
@@ -319,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     try:
         log_format = log_format_from_env()

@@ -1,4 +1,12 @@
-"""Small, tested workarounds for Hypercorn 0.18's HTTP/1.1 server (pinned in pyproject.toml).
+"""Small, tested workarounds for Hypercorn's HTTP/1.1 server, for the releases in
+``SUPPORTED_HYPERCORN`` (pyproject.toml's range; CI tests the version in constraints.txt).
+
+They reach into Hypercorn's private ``H11Protocol`` and ``TCPServer``, so ``apply`` first checks
+the installed Hypercorn and refuses, in one line (``StartupRefused``), any release outside that
+range: a release that renamed what they wrap would otherwise be patched wrongly, or silently
+not at all. Each patch wraps the method Hypercorn calls and works on what that method is handed
+or asks to send, without a copy of Hypercorn's own code, so Hypercorn's logic (keep-alive
+limits, its configured response headers, h11's framing) stays Hypercorn's.
 
 Each patch is idempotent and applied by ``create_app``, so ``gemmanet serve`` and a plain
 ``hypercorn 'coordinator.app:create_app()'`` behave the same. Drop a patch when Hypercorn fixes
@@ -27,24 +35,35 @@ the behaviour upstream (tests/e2e/test_http_edges.py shows each one).
   stayed flat: about half the RSS growth ``gemmanet loadtest`` measured (README "Load test";
   the rest was in the worker threads' arenas, ``heap_trim``). A coordinator's requests and node
   frames are small; a 1 MiB prompt takes 256 reads instead of 16.
+
+tests/coordinator/test_response_writes.py drives the patched protocol directly,
+tests/coordinator/test_heap_memory.py measures the reads, tests/test_dependency_versions.py
+checks the refusal of an unsupported Hypercorn.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from itertools import chain
+from importlib import metadata
 from typing import Any
 
 import h11
 import msgspec
 import trio
-from hypercorn.events import RawData
+from hypercorn.events import Event, RawData
 from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.protocol.events import Body, EndBody, Response
 from hypercorn.trio import tcp_server
 
+from coordinator.errors import StartupRefused
+
 _PATCHED = "_gemmanet_patched"
+
+#: the Hypercorn releases the patches are written for: (major, minor) from, and below
+SUPPORTED_HYPERCORN = ((0, 18), (0, 19))
 
 #: bytes asked of the socket per read (Hypercorn's own is 64 KiB)
 READ_BYTES = 4096
@@ -58,12 +77,34 @@ _PROTOCOL_ERRORS = {
 
 
 def apply() -> None:
-    """Install every workaround once per process."""
+    """Install every workaround once per process; refuse (``StartupRefused``, one line) a
+    Hypercorn release they were not written for."""
+    check_hypercorn_version()
     _send_reason_phrases()
     _close_when_asked()
     _json_protocol_errors()
     _one_write_per_response()
     _small_reads()
+
+
+def check_hypercorn_version() -> None:
+    """The installed Hypercorn is one of ``SUPPORTED_HYPERCORN``, or ``StartupRefused``."""
+    try:
+        installed: str | None = metadata.version("hypercorn")
+    except metadata.PackageNotFoundError:  # importable, but not installed as a distribution
+        installed = None
+    # (major, minor) is enough: the range is bounded by minor releases, and a pre-release of
+    # 0.19 (0.19.0rc1) must be refused like 0.19 itself.
+    parsed = re.match(r"(\d+)\.(\d+)", installed or "")
+    version = (int(parsed[1]), int(parsed[2])) if parsed else None
+    low, high = SUPPORTED_HYPERCORN
+    if version is None or not low <= version < high:
+        wanted = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+        raise StartupRefused(
+            f"Hypercorn {installed or '(version unknown)'} is installed, but GemmaNet's "
+            f"workarounds for its HTTP/1.1 server support only hypercorn{wanted}: "
+            f"pip install 'hypercorn{wanted}'"
+        )
 
 
 def _reason(status: int) -> bytes:
@@ -102,26 +143,49 @@ def _close_when_asked() -> None:
     server._close = shielded_close
 
 
+def _with_json_body(headers: Any, body: bytes) -> list[tuple[bytes, bytes]]:
+    """Hypercorn's headers of an empty error response (its ``content-length: 0``, its
+    ``connection: close``, the configured ones), for ``body`` as JSON."""
+    length = str(len(body)).encode("ascii")
+    kept = [(name, length if name == b"content-length" else value) for name, value in headers]
+    return [(b"content-type", b"application/json"), *kept]
+
+
 def _json_protocol_errors() -> None:
     protocol: Any = hypercorn_h11.H11Protocol
     if getattr(protocol._send_error_response, _PATCHED, False):
         return
+    error_response = protocol._send_error_response
 
     async def send_json_error(self: Any, status_code: int) -> None:
         code, message = _PROTOCOL_ERRORS.get(status_code, _PROTOCOL_ERRORS[400])
         body = msgspec.json.encode({"error": {"code": code, "message": message}})
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode("ascii")),
-            (b"connection", b"close"),
-        ]
-        response = h11.Response(
-            status_code=status_code,
-            headers=list(chain(headers, self.config.response_headers("h11"))),
-        )
-        await self._send_h11_event(response)
-        await self._send_h11_event(h11.Data(data=body))
-        await self._send_h11_event(h11.EndOfMessage())
+        send = self._send_h11_event
+        # Only this task's events are Hypercorn's error response: an application task still
+        # answering the same connection (a request whose body turned out malformed) writes
+        # through the same method while this one waits on the socket.
+        task = trio.lowlevel.current_task()
+
+        async def send_with_body(event: object) -> None:
+            if trio.lowlevel.current_task() is task:
+                if isinstance(event, h11.Response):
+                    event = h11.Response(
+                        status_code=event.status_code,
+                        headers=_with_json_body(event.headers, body),
+                        http_version=event.http_version,
+                        reason=event.reason,
+                    )
+                elif isinstance(event, h11.EndOfMessage):
+                    await send(h11.Data(data=body))
+            await send(event)
+
+        # Hypercorn builds the response and ends it; an instance attribute shadows the method
+        # for the length of this call, so what it sends gains the body on the way.
+        self._send_h11_event = send_with_body
+        try:
+            await error_response(self, status_code)
+        finally:
+            del self._send_h11_event
 
     setattr(send_json_error, _PATCHED, True)
     protocol._send_error_response = send_json_error
@@ -131,15 +195,27 @@ def _json_protocol_errors() -> None:
 _HELD = "_gemmanet_held_head"
 
 
-def _encode(protocol: Any, event: h11.Event) -> bytes | None:
-    """``event`` as bytes, as Hypercorn's ``_send_h11_event`` does (None: the peer broke the
-    protocol already, nothing to send)."""
+async def _written(protocol: Any, call: Callable[[], Awaitable[None]]) -> tuple[bytes, list[Event]]:
+    """Runs ``call`` (a Hypercorn method) with the protocol's writes caught instead of sent:
+    the bytes it asked to write, and any other event it sent (passed on after)."""
+    written: list[bytes] = []
+    others: list[Event] = []
+
+    async def catch(event: Event) -> None:
+        if isinstance(event, RawData):
+            written.append(event.data)
+        else:
+            others.append(event)
+
+    # ``send`` is the TCP server's writer, kept by the protocol; ``catch`` never yields, so no
+    # other task can write through the protocol while it stands in.
+    send = protocol.send
+    protocol.send = catch
     try:
-        return bytes(protocol.connection.send(event))
-    except h11.LocalProtocolError:
-        if protocol.connection.their_state != h11.ERROR:
-            raise
-        return None
+        await call()
+    finally:
+        protocol.send = send
+    return b"".join(written), others
 
 
 def _declares_length(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -159,22 +235,21 @@ def _one_write_per_response() -> None:
             and event.status_code >= 200
             and _declares_length(event.headers)
         ):
-            # As Hypercorn builds the head (hypercorn/protocol/h11.py), held until the body.
-            headers = list(chain(event.headers, self.config.response_headers("h11")))
-            if self.keep_alive_requests >= self.config.keep_alive_max_requests:
-                headers.append((b"connection", b"close"))
-            head = h11.Response(
-                headers=headers, status_code=event.status_code, reason=_reason(event.status_code)
-            )
-            setattr(self, _HELD, _encode(self, head) or b"")
+            # Hypercorn builds and encodes the head; its write is held until the body.
+            head, others = await _written(self, lambda: stream_send(self, event))
+            setattr(self, _HELD, head)
+            for other in others:
+                await self.send(other)
             return
         if isinstance(event, Body | EndBody):
             setattr(self, _HELD, None)
-            message = h11.Data(data=event.data) if isinstance(event, Body) else h11.EndOfMessage()
             # The end of a response with a length is no bytes at all: no write for it.
-            data = (held or b"") + (_encode(self, message) or b"")
+            data, others = await _written(self, lambda: stream_send(self, event))
+            data = (held or b"") + data
             if data:
                 await self.send(RawData(data=data))
+            for other in others:
+                await self.send(other)
             return
         if held is not None:  # anything else (the stream closing early) goes after the head
             setattr(self, _HELD, None)

@@ -12,6 +12,7 @@ process on virtual time (trio's MockClock), every choice drawn from one seed.
     mutations.py   deliberately broken variants, to show the simulator catches real bugs
     cli.py         gemmanet sim run / replay / sweep
     bench.py       simulator speed (python -m sim.bench)
+    trio_hook.py   the seed pins trio's scheduler (private API: the trio release is checked)
 
 The instances are the production ``Instance`` class (the cluster machine and its trio
 driver) over the memory coordination backend; only the edges (sockets, store, clients) are

@@ -27,6 +27,7 @@ from sim.lease_observer import LeaseObserver
 from sim.monitors import MonitorCast, draw_monitor_pauses
 from sim.stand_ins import SimStore
 from sim.trace import Trace
+from sim.trio_hook import pin_trio_scheduler
 
 #: the model catalog of every simulated instance: sizes that make the memory budgets of
 #: 8 and 12 GB nodes bind (two m2 tasks do not fit in 8 GB)
@@ -120,7 +121,7 @@ class World:
 
     def run(self) -> tuple[SimResult, Trace]:
         started = time.perf_counter()
-        self._pin_trio_scheduler()
+        pin_trio_scheduler(f"{self.seed}:trio")  # exact replay: sim/trio_hook.py
         with mutations.applied(self.config.mutation):
             trio.run(self._main, clock=trio.testing.MockClock(autojump_threshold=0))
         result = SimResult(
@@ -143,16 +144,6 @@ class World:
             monitor=self.monitor_summary,
         )
         return result, self.trace
-
-    def _pin_trio_scheduler(self) -> None:
-        # trio picks the order of tasks woken together from a private Random; with
-        # deterministic scheduling on, it sorts them by creation and shuffles with that Random.
-        # Pinning both makes the interleaving a function of the seed alone. (Private API: the
-        # determinism test in tests/sim/ fails loudly if a trio release changes it.)
-        from trio._core import _run
-
-        _run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
-        _run._r.seed(f"{self.seed}:trio")
 
     async def _main(self) -> None:
         self.trace = Trace(trio.current_time)

@@ -25,7 +25,9 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e '.[test]'
+# The exact versions CI tests (constraints.txt; pyproject.toml has only ranges): an existing
+# venv is moved to them too, so every run tests the same set.
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
 
 # House style is part of the suite: lint everything, type-check the protocol and the coordinator
 # strictly (pyproject.toml's [tool.mypy] lists the few modules temporarily excluded).

@@ -2,10 +2,11 @@
 Redis, that a paused primary monitor is replaced inside the staleness window and that its
 writes, once it resumes with its old fencing token, are all rejected.
 
-It serves a fake Ollama host in this process (the real ``/api/ps`` and ``/api/tags`` wire
-formats), writes a one-host operator file, and runs N times (``takeover_run``) under a key
-prefix of its own (``<GEMMANET_KEY_PREFIX>:prove-takeover:<random>:<run>``), so it never touches
-a production monitor's lease or facts; the run's keys are deleted at the end. The children get
+It serves, in this process, an Ollama host that only lists models (``ollama_listing``: the
+real ``/api/ps`` and ``/api/tags`` wire formats), writes a one-host operator file, and runs N
+times (``takeover_run``) under a key prefix of its own
+(``<GEMMANET_KEY_PREFIX>:prove-takeover:<random>:<run>``), so it never touches a production
+monitor's lease or facts; the run's keys are deleted at the end. The children get
 this process's environment, so GEMMANET_MONITOR_* timings (and the test-only
 GEMMANET_MONITOR_UNFENCED) apply to them.
 
@@ -37,6 +38,7 @@ from coordinator.coordination.monitor_types import (
 )
 from coordinator.coordination.redis import RedisCoordination
 from coordinator.errors import SettingsError, StartupRefused
+from coordinator.monitor.ollama_listing import OllamaListingHost
 from coordinator.monitor.takeover_run import RunResult, TakeoverRun
 from coordinator.monitor.timing import check_monitor_bound, monitor_bound_sum
 from coordinator.settings import Settings
@@ -71,17 +73,15 @@ async def _cleanup(settings: Settings, prefix: str, epochs: int) -> None:
 
 
 async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResult]:
-    from tools.fakes.ollama import FakeOllama
-
     probe = _coordination(settings, "probe")
     async with probe:
         await probe.ping()  # one line now rather than N failed runs
 
-    fake = FakeOllama(models=["gemma3:4b"], resident={"gemma3:4b": 3_300_000_000})
+    host = OllamaListingHost(models=["gemma3:4b"], resident={"gemma3:4b": 3_300_000_000})
     results: list[RunResult] = []
     base = f"{settings.key_prefix}:prove-takeover:{secrets.token_hex(3)}"
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(fake.run, port=0))
+        url = await nursery.start(partial(host.run, port=0))
         capacity_file = os.path.join(workdir, "hosts.toml")
         with open(capacity_file, "w", encoding="utf-8") as handle:  # noqa: ASYNC230 - tiny
             handle.write(f'[hosts."{HOST_ID}"]\nurl = "{url}"\nkind = "ollama"\n')

@@ -24,6 +24,9 @@ from typing import Any
 
 import trio
 
+# The listings are the product's own Ollama host's (gemmanet prove-takeover serves it), so the
+# fake and that host cannot disagree on Ollama's /api/tags and /api/ps formats.
+from coordinator.monitor.ollama_listing import ps_answer, tags_answer
 from tools.fakes._server import (
     FakeModelServer,
     Request,
@@ -63,12 +66,10 @@ class FakeOllama(FakeModelServer):
         if route == ("GET", "/api/version"):
             return Response(200, {"version": "0.0.0-fake"})
         if route == ("GET", "/api/tags"):
-            names = sorted(set(self.models or ()) | set(self.resident))
-            return Response(200, {"models": [_tag(n, self.resident.get(n, 0)) for n in names]})
+            return Response(200, tags_answer(self.models or (), self.resident))
         if route == ("GET", "/api/ps"):
             self.ps_requests += 1
-            loaded = sorted(self.resident.items())
-            return Response(200, {"models": [_running(n, size) for n, size in loaded]})
+            return Response(200, ps_answer(self.resident))
         if route in (("POST", "/api/generate"), ("POST", "/api/chat")):
             return self._generation(request)
         if request.path in ("/api/generate", "/api/chat"):
@@ -167,41 +168,6 @@ class _Reply:
             "eval_count": generated,
             "eval_duration": 1_000 * generated,
         }
-
-
-_DETAILS = {
-    "parent_model": "",
-    "format": "gguf",
-    "family": "fake",
-    "families": ["fake"],
-    "parameter_size": "0B",
-    "quantization_level": "Q4_0",
-}
-
-
-def _tag(name: str, size: int = 0) -> dict[str, Any]:
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": "2024-01-01T00:00:00Z",
-        "size": size,
-        "digest": "0" * 64,
-        "details": dict(_DETAILS),
-    }
-
-
-def _running(name: str, size: int) -> dict[str, Any]:
-    """One entry of ``/api/ps``: Ollama's List running models answer."""
-    return {
-        "name": name,
-        "model": name,
-        "size": size,
-        "digest": "0" * 64,
-        "details": dict(_DETAILS),
-        "expires_at": "2099-01-01T00:00:00Z",
-        "size_vram": size,
-        "context_length": 4096,
-    }
 
 
 def _line(record: dict[str, Any]) -> bytes:

@@ -1,0 +1,51 @@
+"""The one place the simulator writes trio internals: the scheduler's tie-break between tasks
+woken together, pinned to the run's seed, so that a run's interleaving is a function of the
+seed alone (exact replay).
+
+trio picks the order of such tasks from a private ``random.Random`` (``trio._core._run._r``);
+with its deterministic scheduling switched on (``_ALLOW_DETERMINISTIC_SCHEDULING``, what
+trio's Hypothesis plugin turns on), it sorts them by creation and shuffles them with that
+Random. Private API, so the trio release is checked first (``SUPPORTED_TRIO``): 0.35 is the
+one CI runs (constraints.txt); 0.27, pyproject.toml's floor, has the same lines. Outside that
+range the simulator refuses in one line rather than run with an unpinned scheduler, whose
+replays would diverge. The determinism tests in tests/sim/ fail loudly if a release in the
+range changes the scheduler.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+from coordinator.errors import StartupRefused
+
+__all__ = ["SUPPORTED_TRIO", "check_trio_version", "pin_trio_scheduler"]
+
+#: the trio releases whose scheduler the hook is written for: (major, minor) from, and below
+SUPPORTED_TRIO = ((0, 27), (0, 36))
+
+
+def check_trio_version() -> None:
+    """The installed trio is one of ``SUPPORTED_TRIO``, or ``StartupRefused``."""
+    try:
+        installed: str | None = metadata.version("trio")
+    except metadata.PackageNotFoundError:  # importable, but not installed as a distribution
+        installed = None
+    parsed = re.match(r"(\d+)\.(\d+)", installed or "")
+    version = (int(parsed[1]), int(parsed[2])) if parsed else None
+    low, high = SUPPORTED_TRIO
+    if version is None or not low <= version < high:
+        wanted = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+        raise StartupRefused(
+            f"trio {installed or '(version unknown)'} is installed, but the simulator's "
+            f"deterministic scheduling supports only trio{wanted}: pip install 'trio{wanted}'"
+        )
+
+
+def pin_trio_scheduler(seed: str) -> None:
+    """Make the order of tasks woken together a function of ``seed`` (before ``trio.run``)."""
+    check_trio_version()
+    from trio._core import _run
+
+    _run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    _run._r.seed(seed)
