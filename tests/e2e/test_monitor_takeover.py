@@ -1,5 +1,5 @@
 """``gemmanet prove-takeover`` end to end against a real redis-server: real ``gemmanet monitor``
-processes, a real SIGSTOP/SIGCONT, the real fake Ollama. The strict gate passes with fencing on
+processes, a real SIGSTOP/SIGCONT, the small Ollama listing it serves itself. The strict gate passes with fencing on
 and fails with the test-only unfenced switch (the gate can fail). Plus the one-line start-up
 refusals of the timing bound and of a monitor without Redis.
 

@@ -3,7 +3,7 @@ types do not name, no value of another type (no "3" for 3), every element of an 
 field looked at (pydantic checks those lazily, as they are iterated).
 
 The fakes import this (and the libraries) only when a generation request comes, so a fake that
-only answers ``/api/ps`` (``gemmanet prove-takeover``) needs no test dependency.
+only answers ``/api/ps`` needs no test dependency.
 """
 
 from __future__ import annotations
