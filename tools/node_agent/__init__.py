@@ -1,13 +1,15 @@
 """The ``gemmanet node`` agent.
 
-It connects out to a coordinator's ``/ws/node`` WebSocket, speaks node protocol v1, and runs the
-tasks it is assigned against a model backend (echo, Ollama, OpenAI-compatible). It imports only
-``protocol/`` (the envelopes, the model servers' wire formats, the log line format) and its own
+It connects out to a coordinator's ``/ws/node`` WebSocket, speaks node protocol v2 (v1 to an
+older coordinator), and runs the tasks it is assigned against a model backend (echo, Ollama,
+OpenAI-compatible). It imports only ``protocol/`` (the envelopes, the model servers' wire formats, the log line format) and its own
 modules, never the coordinator: a model host runs it without the server's dependencies
 (tests/coordinator/test_node_agent_imports.py).
 
 * ``cli`` - :func:`add_node_arguments` and :func:`run_node`, called by ``gemmanet node``.
 * ``agent`` - :class:`NodeAgent`: the connection, reconnect, heartbeat and drain logic.
+* ``config`` - :class:`AgentConfig`, the exits that end the agent, the reconnect backoff.
+* ``task_run`` - one task against the backend: its refusal, chunks, result or error.
 * ``backends`` - the model backends behind ``generate(request)``, and the httpx stream that
   carries the wire formats of ``protocol/model_servers/``.
 * ``logs`` - the root log handler when the agent runs alone (``python -m tools.node_agent``).

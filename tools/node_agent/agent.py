@@ -18,12 +18,8 @@ agent with :class:`AgentExit`; any other loss reconnects.
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import Callable
-from contextlib import aclosing
-from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
 import msgspec
@@ -38,7 +34,6 @@ from trio_websocket import (
 
 from protocol import (
     MAX_FRAME_BYTES,
-    MAX_OUTPUT_BYTES,
     Assign,
     Cancel,
     Chunk,
@@ -48,20 +43,24 @@ from protocol import (
     Hello,
     ProtocolError,
     Result,
-    TaskErrorCode,
-    Timings,
     Welcome,
     decode_node,
     encode,
-    stamped,
-    text_bytes,
 )
 from protocol.log_lines import bind_log_ids
-from protocol.model_servers import Finish, Generation
+from protocol.model_servers import Generation
 from protocol.telemetry import TelemetrySample, encode_sample
-from tools.node_agent.backends import Backend, BackendError
+from tools.node_agent.backends import Backend
+from tools.node_agent.config import (
+    AGENT_VERSION,
+    AgentConfig,
+    AgentExit,
+    backoff_delay,
+    final_exit,
+)
 from tools.node_agent.silence import receive_unless_silent
 from tools.node_agent.stats import NodeStats
+from tools.node_agent.task_run import refusal_of, run_task, short
 
 __all__ = [
     "AGENT_VERSION",
@@ -73,62 +72,10 @@ __all__ = [
 
 log = logging.getLogger("gemmanet.node")
 
-EXIT_REPLACED: Final = 3
-EXIT_AUTH_FAILED: Final = 4
-
 # Silence from the coordinator for this many heartbeat intervals means the link is dead.
 MISSED_HEARTBEATS: Final = 3
 #: the node protocol versions the agent speaks, offered in its hello
 PROTOCOLS: Final = (1, 2)
-_MAX_MESSAGE_CHARS: Final = 200
-
-
-def _agent_version() -> str:
-    try:
-        return f"gemmanet-node/{version('gemmanet')}"
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "gemmanet-node/0+unknown"
-
-
-AGENT_VERSION: Final = _agent_version()
-
-
-class AgentExit(Exception):
-    """The agent must stop and not reconnect; ``exit_code`` and a one-line ``message``."""
-
-    def __init__(self, exit_code: int, message: str) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.message = message
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    ws_url: str
-    node_id: str
-    token: str
-    models: tuple[str, ...]
-    max_parallel: int = 4
-    vram_gb: float | None = None
-    drain_s: float = 10.0
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-    connect_timeout_s: float = 10.0
-    # Bounds the wait for Welcome after Hello, and for the peer's reply to our close frame.
-    handshake_timeout_s: float = 10.0
-    close_timeout_s: float = 2.0
-    agent_version: str = AGENT_VERSION
-
-
-def backoff_delay(attempt: int, rng: random.Random, *, initial_s: float, max_s: float) -> float:
-    """Full jitter: uniform in [0, min(max_s, initial_s * 2**attempt)]."""
-    ceiling = min(max_s, initial_s * math.pow(2.0, min(attempt, 64)))
-    return rng.uniform(0.0, ceiling)
-
-
-def _short(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 1] + "…"
 
 
 def _why(exc: HandshakeError) -> str:
@@ -136,7 +83,7 @@ def _why(exc: HandshakeError) -> str:
         return f"HTTP {exc.status_code} instead of a WebSocket upgrade"
     cause = exc.__cause__ or exc.__context__
     if cause is not None:
-        return _short(f"{type(cause).__name__}: {cause}")
+        return short(f"{type(cause).__name__}: {cause}")
     return type(exc).__name__
 
 
@@ -273,13 +220,9 @@ class NodeAgent:
     def _raise_if_refused(self, ws: WebSocketConnection) -> None:
         reason = ws.closed
         code = reason.code if reason is not None else None
-        node = self.config.node_id
-        if code == CloseCode.REPLACED:
-            raise AgentExit(EXIT_REPLACED, f"replaced by a newer connection of node {node}")
-        if code == CloseCode.AUTH_FAILED:
-            raise AgentExit(
-                EXIT_AUTH_FAILED, f"authentication failed for node {node}: check --token"
-            )
+        final = final_exit(code, self.config.node_id)
+        if final is not None:
+            raise final
         if reason is not None and code != CloseCode.NORMAL:
             log.warning("connection closed: %s %s", code, reason.reason or "")
         elif reason is not None and not self._drain_requested.is_set():
@@ -311,7 +254,7 @@ class NodeAgent:
             log.warning("no welcome within %.1f s", self.config.handshake_timeout_s)
             await self._close(ws, CloseCode.GOING_AWAY, "no welcome")
         except ProtocolError as exc:
-            log.warning("bad frame during handshake: %s", _short(str(exc)))
+            log.warning("bad frame during handshake: %s", short(str(exc)))
             await self._close(ws, CloseCode.PROTOCOL_ERROR, "protocol error")
         return None
 
@@ -414,7 +357,7 @@ class NodeAgent:
             except ProtocolError as exc:
                 # A frame we cannot read (e.g. a newer peer's message type): skip it rather
                 # than drop every task of the connection.
-                log.warning("ignoring bad frame from coordinator: %s", _short(str(exc)))
+                log.warning("ignoring bad frame from coordinator: %s", short(str(exc)))
                 continue
             if isinstance(envelope, Assign):
                 await self._on_assign(envelope, outbox, nursery)
@@ -435,7 +378,7 @@ class NodeAgent:
                     self._interval = max(float(envelope.interval_s), 0.01)
                     log.info("coordinator asks for a heartbeat every %.1f s", self._interval)
             elif isinstance(envelope, Error):
-                log.warning("coordinator reports %s: %s", envelope.code, _short(envelope.message))
+                log.warning("coordinator reports %s: %s", envelope.code, short(envelope.message))
             else:
                 log.debug("ignoring unexpected %s", type(envelope).__name__)
 
@@ -449,27 +392,17 @@ class NodeAgent:
     ) -> None:
         task_id = assign.task_id
         self._stats.asked(task_id in self._running, len(self._running), _input_of(assign))
-        refusal: tuple[str, str] | None = None
-        if self._drain_requested.is_set():
-            refusal = (TaskErrorCode.NODE_DRAINING, f"node {self.config.node_id} is shutting down")
-        elif task_id in self._running:
+        if not self._drain_requested.is_set() and task_id in self._running:
             log.warning("ignoring duplicate assign of running task %s", task_id)
             return
-        elif assign.model not in self.config.models:
-            refusal = (
-                TaskErrorCode.MODEL_NOT_SERVED,
-                f"node {self.config.node_id} does not serve model {assign.model!r}",
-            )
-        elif len(self._running) >= self.config.max_parallel:
-            refusal = (
-                TaskErrorCode.NODE_BUSY,
-                (
-                    f"node {self.config.node_id} already runs {len(self._running)} task(s) "
-                    f"(max_parallel {self.config.max_parallel})"
-                ),
-            )
+        refusal = refusal_of(
+            assign,
+            self.config,
+            running=len(self._running),
+            draining=self._drain_requested.is_set(),
+        )
         if refusal is not None:
-            await outbox.send(Error(task_id=task_id, code=refusal[0], message=_short(refusal[1])))
+            await outbox.send(Error(task_id=task_id, code=refusal[0], message=short(refusal[1])))
             return
         scope = trio.CancelScope()
         self._running[task_id] = scope
@@ -493,78 +426,7 @@ class NodeAgent:
                 self._idle.set()
 
     async def _execute(self, assign: Assign, outbox: trio.MemorySendChannel[_Outbound]) -> None:
-        task_id = assign.task_id
-        parts: list[str] = []
-        size = 0
-        finish = Finish()
-        began = trio.current_time()
-        first_at: float | None = None
-        try:
-            with trio.fail_after(max(float(assign.timeout_s), 0.0)):
-                generator = self.backend.generate(Generation.of(assign))
-                async with aclosing(generator) as deltas:  # type: ignore[type-var]
-                    async for delta in deltas:
-                        if isinstance(delta, Finish):
-                            finish = delta
-                            continue
-                        if not delta:
-                            continue
-                        if first_at is None:
-                            first_at = trio.current_time()
-                        size += text_bytes(delta)
-                        if size > MAX_OUTPUT_BYTES:
-                            # Sent anyway, the coordinator would close this connection over the
-                            # oversized result, failing every other task here.
-                            message = (
-                                f"output exceeds {MAX_OUTPUT_BYTES:,} bytes, the most a result"
-                                " can carry"
-                            )
-                            log.warning("task %s failed: %s", task_id, message)
-                            await outbox.send(
-                                Error(
-                                    task_id=task_id,
-                                    code=TaskErrorCode.OUTPUT_TOO_LARGE,
-                                    message=message,
-                                )
-                            )
-                            return
-                        if assign.stream:
-                            await outbox.send(Chunk(task_id=task_id, seq=len(parts), delta=delta))
-                        parts.append(delta)
-        except trio.TooSlowError:
-            message = f"backend did not finish within {assign.timeout_s:g} s"
-            log.warning("task %s failed: %s", task_id, message)
-            await outbox.send(
-                Error(task_id=task_id, code=TaskErrorCode.BACKEND_TIMEOUT, message=message)
-            )
-            return
-        except BackendError as exc:
-            log.warning("task %s failed: %s", task_id, exc)
-            await outbox.send(
-                Error(task_id=task_id, code=TaskErrorCode.BACKEND_ERROR, message=_short(str(exc)))
-            )
-            return
-        except Exception as exc:  # a backend bug must not take the node down
-            log.exception("task %s: backend crashed", task_id)
-            message = _short(f"{type(exc).__name__}: {exc}")
-            await outbox.send(
-                Error(task_id=task_id, code=TaskErrorCode.BACKEND_ERROR, message=message)
-            )
-            return
-        chunks = len(parts) if assign.stream else 0
-        result = Result(task_id=task_id, output="".join(parts), chunks=chunks)
-        if self.protocol >= 2:
-            now = trio.current_time()
-            ttft = None if first_at is None else first_at - began
-            result = stamped(
-                msgspec.structs.replace(
-                    result,
-                    usage=finish.usage if finish.usage is not None else msgspec.UNSET,
-                    finish_reason=finish.finish_reason or msgspec.UNSET,
-                    timings=Timings(total_s=min(now - began, 86_400.0), ttft_s=ttft),
-                )
-            )
-        await outbox.send(result)
+        await run_task(assign, self.backend, self.protocol, outbox.send)
 
     # --- drain -----------------------------------------------------------------------------
 
