@@ -2,9 +2,9 @@
 
 It connects out to a coordinator's ``/ws/node`` WebSocket, speaks node protocol v2 (v1 to an
 older coordinator), and runs the tasks it is assigned against a model backend (echo, Ollama,
-OpenAI-compatible). It imports only ``protocol/`` (the envelopes, the model servers' wire formats, the log line format) and its own
-modules, never the coordinator: a model host runs it without the server's dependencies
-(tests/coordinator/test_node_agent_imports.py).
+OpenAI-compatible). It imports only ``protocol/`` (the envelopes, the model servers' wire
+formats, the log line format) and its own modules, never the coordinator: a model host runs it
+without the server's dependencies (tests/coordinator/test_node_agent_imports.py).
 
 * ``cli`` - :func:`add_node_arguments` and :func:`run_node`, called by ``gemmanet node``.
 * ``agent`` - :class:`NodeAgent`: the connection, reconnect, heartbeat and drain logic.
