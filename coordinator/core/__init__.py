@@ -4,6 +4,7 @@
     requester.py         tasks this instance accepted from its clients
     owner.py             this instance's node connections and the tasks they run
     effects.py           what the machines ask the shell to do
+    admission.py         a request waiting for a lease: ask again, wait, pass a wake, give up
     placement.py         which node gets a task
     candidates.py        where a request's candidate nodes come from (all, or a sample of many)
     node_table.py        which connection speaks for which node identity on this instance

@@ -4,33 +4,47 @@ The requester machine asks for a lease (``Reserve``) and gives back what a reque
 (``ReleaseLease``); this module carries both out against the shared store
 (``Coordination.admit`` / ``release``, semantics in ``coordination/leases.py``):
 
-* ``reserve`` takes a lease in one round trip, or waits for its turn in the model's queue:
-  it tries again when woken (a release anywhere tells the instance whose request is first in
-  the queue, ``BusWake``), and the first waiter of a model on this instance also re-checks
-  every ``POLL_S`` in case a wake was lost (pub/sub is at-most-once). After the queue timeout
-  it fails with ``503 all_nodes_busy``; a client that leaves stops waiting at once.
+* ``reserve`` carries out what the admission machine (``core/admission.py``) decides for the
+  request: it asks the store, sleeps until the time the machine names (a wake for the model
+  cuts a wait short, ``BusWake`` from a peer or a local release), pokes the local waiters and
+  tells the peers it names, and feeds every outcome back in. Whether to queue, poll, look again
+  or give up, and in which order local waiters go, is the machine's. A client that leaves
+  stops waiting at once (the task is cancelled; the machine hears ``ended``).
 * ``release`` runs in the background, off the answer's path, and wakes the next in line.
 * ``renew`` keeps the leases of long tasks alive; a dead instance's leases heal by their TTL.
-* When the store cannot answer, or a candidate's facts are stale, nothing is placed on a
-  guess: ``503 coordination_unavailable`` (fail closed).
+* A store call that hangs is bounded here (``ADMIT_GIVE_UP_S``) and counts as unreachable:
+  ``503 coordination_unavailable`` (fail closed).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
 from coordinator.core import registry
+from coordinator.core.admission import (
+    AdmissionMachine,
+    AskStore,
+    Decision,
+    Failed,
+    Granted,
+    Left,
+    Queued,
+    Step,
+    Ticket,
+    WaitUntil,
+    WakeLocal,
+    WakePeer,
+    release_retry_in,
+    step_of,
+)
 from coordinator.core.effects import Effect, ReleaseLease, Reserve
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.placement import NodeView
-from coordinator.core.requester import no_node_serves
-from coordinator.errors import AllNodesBusy, CoordinationDown, GemmaNetError, TooManyActive
 from coordinator.runtime.bus_outbox import BusOutbox
 from coordinator.runtime.metrics import Metrics
 from coordinator.settings import Settings
@@ -38,18 +52,10 @@ from protocol import BusWake
 
 log = logging.getLogger("gemmanet.admission")
 
-#: the first waiter of a model on this instance re-checks this often (a wake may be lost)
-POLL_S = 1.0
-#: a request whose candidates all went away (a view a beat old, or facts the store lost and
-#: their owners are writing again) looks again after this long, for at most GONE_GIVE_UP_S
-GONE_RETRY_S = 0.25
-GONE_GIVE_UP_S = 3.0
 #: queue and active-set entries of an instance silent this long stop counting
 REQUESTER_STALE_S = 10.0
-#: how long a failed release is retried (a lease heals by its TTL anyway; an active-set
-#: entry of a live instance would not)
-RELEASE_GIVE_UP_S = 30.0
 WAKE_GIVE_UP_S = 2.0
+#: one store call's bound (a store that hangs must not hold a request, nor a shutdown)
 ADMIT_GIVE_UP_S = 5.0
 
 
@@ -68,12 +74,6 @@ def admission_rules(
         queue_max=queue_max,
         max_active_per_key=max_active_per_key,
     )
-
-
-@dataclass(eq=False)
-class _Waiter:
-    task_id: str
-    woken: trio.Event = field(default_factory=trio.Event)
 
 
 class Admissions:
@@ -99,69 +99,90 @@ class Admissions:
             queue_max=settings.queue_max,
             max_active_per_key=settings.max_active_per_key,
         )
-        # Per model, this instance's waiting requests in arrival order.
-        self._waiters: dict[str, list[_Waiter]] = {}
+        self.waiters = AdmissionMachine(
+            self.me,
+            queue_timeout_s=settings.queue_timeout_s,
+            queue_max=settings.queue_max,
+            max_active_per_key=settings.max_active_per_key,
+        )
+        # Per waiting ticket, what cuts its wait short: set when the machine records a wake for
+        # it (``WakeLocal``), renewed when a wakeable wait ends (the machine consumes the wake
+        # then too), so a wake that came while it was asking or looking again after every
+        # candidate went away ends its next wakeable wait at once, as the machine expects.
+        self._wakes: dict[Ticket, trio.Event] = {}
         self.lost_leases = 0
 
     # -- taking a lease ---------------------------------------------------------------------
 
     async def reserve(self, effect: Reserve) -> list[Effect]:
         """Take a lease for the task, waiting for room; the machine's effects that follow."""
-        requester = self._machine.requester
-        model = requester.model_of(effect.task_id)
-        if model is None:
-            return []
-        queue_until = self._clock() + self._settings.queue_timeout_s
-        gone_until: float | None = None
-        # Registered before the first ask: this instance's asks reach the store in the order
-        # they are sent, so local waiters stay in the queue's order.
-        waiter = _Waiter(effect.task_id)
-        self._waiters.setdefault(model, []).append(waiter)
-        woken = False
-        queued_at: float | None = None
+        ticket = (effect.task_id, effect.attempt)
+        model = self._machine.requester.model_of(effect.task_id)
+        decisions = self.waiters.start(ticket, model, self._candidates(effect), self._clock())
+        if not decisions:
+            return []  # the request ended meanwhile
+        self._wakes[ticket] = trio.Event()
         try:
             while True:
-                candidates = requester.candidates(effect.task_id, effect.attempt, self._clock())
-                if candidates is None:
-                    return []  # the request ended meanwhile
-                if not candidates:
-                    return self._failed(effect, no_node_serves(model), "no_node")
-                admission = await self._admit(effect, model, candidates)
-                if isinstance(admission, GemmaNetError):
-                    return self._failed(effect, admission, "coordination_unavailable")
-                if admission.outcome == "granted":
-                    return self._granted(effect, model, admission, candidates)
-                if admission.outcome == "queued":
-                    self._metrics.lease_denials.labels(reason="no_room").inc()
-                    queued_at = self._clock() if queued_at is None else queued_at
-                    requester.waiting(effect.task_id)
-                    if woken and admission.position > 0:
-                        # Not first in line after all: the wake may be meant for a later
-                        # local waiter (asks can overtake each other on the way).
-                        self._pass_wake(model, waiter)
-                elif admission.outcome != "refused" or "stale" in admission.refusals.values():
-                    reason = admission.outcome if admission.outcome != "refused" else "stale_facts"
-                    return self._failed(effect, self._refusal(model, admission), reason)
-                if self._clock() >= queue_until:
-                    return self._failed(effect, self._timed_out(model), "queue_timeout")
-                if admission.outcome == "refused":  # every candidate went away: look again
-                    now = self._clock()
-                    gone_until = gone_until or now + GONE_GIVE_UP_S
-                    if now >= gone_until:
-                        return self._failed(effect, self._facts_missing(model), "facts_missing")
-                    await trio.sleep(GONE_RETRY_S)
-                    woken = False
+                step = self._carry_out(decisions)
+                if isinstance(step, AskStore):
+                    admission = await self._admit(effect, step)
+                    if admission is None:
+                        decisions = self.waiters.unreachable(ticket, self._clock())
+                    else:
+                        decisions = self.waiters.answer(ticket, admission, self._clock())
+                elif isinstance(step, WaitUntil):
+                    await self._wait(step)
+                    decisions = self.waiters.waited(ticket, self._candidates(effect), self._clock())
+                elif isinstance(step, Granted):
+                    self._metrics.lease_grants.inc()
+                    return self._machine.reserved(
+                        effect.task_id, effect.attempt, step.view, step.lease_id, self._clock()
+                    )
+                elif isinstance(step, Failed):
+                    self._metrics.lease_denials.labels(reason=step.reason).inc()
+                    return self._machine.reserve_failed(
+                        effect.task_id, effect.attempt, step.error, self._clock()
+                    )
                 else:
-                    woken = await self._wait_turn(model, waiter, queue_until)
+                    return []  # the request ended meanwhile
         finally:
-            self._leave(model, waiter)
-            if queued_at is not None:
-                self._metrics.queue_wait.observe(self._clock() - queued_at)
+            # A no-op unless the wait was cut short from outside (the client left).
+            self._carry_out(self.waiters.ended(ticket, self._clock()))
+            del self._wakes[ticket]
 
-    async def _admit(
-        self, effect: Reserve, model: str, candidates: list[NodeView]
-    ) -> Admission | GemmaNetError:
+    def _candidates(self, effect: Reserve) -> list[NodeView] | None:
+        return self._machine.requester.candidates(effect.task_id, effect.attempt, self._clock())
+
+    def _carry_out(self, decisions: Sequence[Decision]) -> Step | None:
+        """Carry out what needs no waiting; the ticket's next step."""
+        for decision in decisions:
+            if isinstance(decision, WakeLocal):
+                wake = self._wakes.get(decision.ticket)
+                if wake is not None:
+                    wake.set()
+            elif isinstance(decision, WakePeer):
+                envelope = BusWake(model=decision.model)
+                self._outbox.send(decision.instance_id, envelope, give_up_in=WAKE_GIVE_UP_S)
+            elif isinstance(decision, Queued):
+                self._metrics.lease_denials.labels(reason="no_room").inc()
+                self._machine.requester.waiting(decision.ticket[0])
+            elif isinstance(decision, Left) and decision.queued_for is not None:
+                self._metrics.queue_wait.observe(decision.queued_for)
+        return step_of(decisions)
+
+    async def _wait(self, step: WaitUntil) -> None:
+        if not step.wakeable:
+            await trio.sleep_until(step.at)
+            return
+        with trio.move_on_at(step.at):
+            await self._wakes[step.ticket].wait()
+        self._wakes[step.ticket] = trio.Event()
+
+    async def _admit(self, effect: Reserve, step: AskStore) -> Admission | None:
+        """The store's answer (None: it could not be reached)."""
         requester = self._machine.requester
+        model, candidates = step.model, step.candidates
         cost = self._settings.capacity.cost(model)
         ask = LeaseAsk(
             request_id=effect.task_id,
@@ -184,117 +205,28 @@ class Admissions:
             raise CoordinationUnavailable(f"no answer within {ADMIT_GIVE_UP_S:g} s")
         except CoordinationUnavailable as exc:
             log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
-            return CoordinationDown(
-                "capacity cannot be reserved while the coordination store is unreachable; "
-                "retry after the Retry-After delay"
-            )
+            return None
 
-    def _granted(
-        self, effect: Reserve, model: str, admission: Admission, candidates: list[NodeView]
-    ) -> list[Effect]:
-        self._metrics.lease_grants.inc()
-        if admission.next_in_queue:
-            self.wake(model, admission.next_in_queue)
-        view = next(
-            v
-            for v in candidates
-            if v.node_id == admission.node_id and v.conn_id == admission.conn_id
-        )
-        return self._machine.reserved(
-            effect.task_id, effect.attempt, view, admission.lease_id, self._clock()
-        )
-
-    def _failed(self, effect: Reserve, error: GemmaNetError, reason: str) -> list[Effect]:
-        self._metrics.lease_denials.labels(reason=reason).inc()
-        return self._machine.reserve_failed(effect.task_id, effect.attempt, error, self._clock())
-
-    def _refusal(self, model: str, admission: Admission) -> GemmaNetError:
-        if admission.outcome == "key_limit":
-            limit = self.rules.max_active_per_key
-            return TooManyActive(
-                f"this API key already has {limit} request(s) running or queued "
-                "(GEMMANET_MAX_ACTIVE_PER_KEY)",
-                retry_after_s=1,
-            )
-        if admission.outcome == "queue_full":
-            return AllNodesBusy(
-                f"{self.rules.queue_max} request(s) already wait for model {model!r} "
-                "(GEMMANET_QUEUE_MAX)",
-                retry_after_s=5,
-            )
-        stale = sorted(n for n, reason in admission.refusals.items() if reason == "stale")
-        return CoordinationDown(
-            f"the facts of node(s) {', '.join(stale)} are stale (their instance stopped "
-            "updating them); nothing is placed on a guess",
-        )
-
-    def _facts_missing(self, model: str) -> CoordinationDown:
-        return CoordinationDown(
-            f"the shared store has no current facts for the nodes serving model {model!r} "
-            "(it may have restarted; their instances are writing them again)"
-        )
-
-    def _timed_out(self, model: str) -> AllNodesBusy:
-        waited = self._settings.queue_timeout_s
-        return AllNodesBusy(
-            f"no node serving model {model!r} had room within {waited:g} s "
-            "(GEMMANET_QUEUE_TIMEOUT_S)",
-            retry_after_s=max(1, round(waited / 10)),
-        )
-
-    # -- waiting ----------------------------------------------------------------------------
-
-    async def _wait_turn(self, model: str, waiter: _Waiter, until: float) -> bool:
-        """Wait for a wake (True) or, for the first local waiter, the next poll (False)."""
-        first = self._waiters[model][0] is waiter
-        wake_at = min(until, self._clock() + POLL_S) if first else until
-        with trio.move_on_at(wake_at):
-            await waiter.woken.wait()
-        woken = waiter.woken.is_set()
-        waiter.woken = trio.Event()
-        return woken
-
-    def _pass_wake(self, model: str, waiter: _Waiter) -> None:
-        waiters = self._waiters.get(model, [])
-        if waiter in waiters:
-            index = waiters.index(waiter)
-            if index + 1 < len(waiters):
-                waiters[index + 1].woken.set()
-
-    def _leave(self, model: str, waiter: _Waiter) -> None:
-        waiters = self._waiters.get(model, [])
-        was_first = bool(waiters) and waiters[0] is waiter
-        if waiter in waiters:
-            waiters.remove(waiter)
-        if not waiters:
-            self._waiters.pop(model, None)
-        elif was_first:
-            waiters[0].woken.set()  # the next local waiter may be first in line now
+    # -- waking -----------------------------------------------------------------------------
 
     def wake_local(self, model: str) -> None:
-        waiters = self._waiters.get(model)
-        if waiters:
-            waiters[0].woken.set()
+        self._carry_out(self.waiters.wake_local(model))
 
     def wake(self, model: str, instance_id: str) -> None:
-        if instance_id == self.me:
-            self.wake_local(model)
-        else:
-            self._outbox.send(instance_id, BusWake(model=model), give_up_in=WAKE_GIVE_UP_S)
+        self._carry_out(self.waiters.wake(model, instance_id))
 
     def queued(self) -> dict[str, int]:
         """This instance's waiting requests per model."""
-        return {model: len(waiters) for model, waiters in sorted(self._waiters.items())}
+        return self.waiters.queued()
 
     # -- giving back ------------------------------------------------------------------------
 
     async def release(self, effect: ReleaseLease) -> None:
-        coordination = self._coordination
-        give_up_at = self._clock() + RELEASE_GIVE_UP_S
-        delay = 0.1
+        started_at = self._clock()
+        failures = 0
         while True:
             try:
-                heads = await coordination.release(
+                heads = await self._coordination.release(
                     LeaseRelease(
                         request_id=effect.task_id,
                         key_id=effect.key_id,
@@ -306,11 +238,12 @@ class Admissions:
                 )
                 break
             except CoordinationUnavailable as exc:
-                if self._clock() + delay >= give_up_at:
+                failures += 1
+                delay = release_retry_in(failures, started_at, self._clock())
+                if delay is None:
                     log.warning("task %s: could not release its lease: %s", effect.task_id, exc)
                     return
                 await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
         for model, instance_id in heads:
             self.wake(model, instance_id)
 

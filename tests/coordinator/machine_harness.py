@@ -3,17 +3,36 @@ protocol without trio, Redis or sockets: the test plays the bus, the nodes and t
 
 Bus envelopes between instances wait in ``in_flight`` until ``deliver`` (FIFO per sender and
 receiver, like the outbox's ordered lanes) and can be dropped with their instance. The shared
-store's capacity leases are the memory backend's synchronous tables (``LeaseTables``): a
-``Reserve`` is answered at once, or waits in ``waiting`` until a release or wake retries it."""
+store's capacity leases are the memory backend's synchronous tables (``LeaseTables``). A
+``Reserve`` is carried out by each instance's ``AdmissionMachine`` (``core/admission.py``, the
+product's policy): the harness plays its shell, asking the tables at once, waking a waiter
+whose wait a wake cuts short once the current step is over (as a trio.Event does at the next
+checkpoint), sending wakes to peers on the bus, and firing the machine's timers in time order
+as ``tick`` advances the clock."""
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
 from coordinator.coordination.memory_leases import LeaseTables
+from coordinator.core.admission import (
+    AdmissionMachine,
+    AskStore,
+    Decision,
+    Failed,
+    Granted,
+    Queued,
+    Step,
+    Ticket,
+    WaitUntil,
+    WakeLocal,
+    WakePeer,
+    step_of,
+)
 from coordinator.core.effects import (
     CloseNode,
     Deliver,
@@ -31,8 +50,7 @@ from coordinator.core.effects import (
 )
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection
-from coordinator.errors import AllNodesBusy
-from protocol import Assign, BusEnvelope, Cancel, Chunk
+from protocol import Assign, BusEnvelope, BusWake, Cancel, Chunk
 
 
 @dataclass
@@ -74,8 +92,23 @@ class MachineCluster:
             lease_ttl_s=30,
             queue_max=100,
         )
-        # Reserves waiting for capacity (or for fresh views), with their queue deadline.
-        self.waiting: list[tuple[str, Reserve, float]] = []
+        self.admissions = {
+            name: AdmissionMachine(
+                name,
+                queue_timeout_s=QUEUE_TIMEOUT_S,
+                queue_max=self.rules.queue_max,
+                max_active_per_key=self.rules.max_active_per_key,
+            )
+            for name in instances
+        }
+        # The shell's side of each waiting ticket: the wait it is in, and whether a wake for it
+        # came that no wakeable wait consumed yet (the runtime's trio.Event).
+        self._waits: dict[tuple[str, Ticket], WaitUntil] = {}
+        self._woken: set[tuple[str, Ticket]] = set()
+        # Tickets a wake may resume, once the step under way is over.
+        self._ready: deque[tuple[str, Ticket]] = deque()
+        self._depth = 0
+        self._settling = False
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -111,60 +144,70 @@ class MachineCluster:
             machine.set_peers([s for s in snapshots if s.instance_id != name])
 
     def apply(self, source: str, effects: list[Effect]) -> None:
-        for effect in effects:
-            if isinstance(effect, Deliver):
-                self.events.setdefault(effect.task_id, []).append(effect.event)
-            elif isinstance(effect, SendToNode):
-                node = self.nodes[effect.conn_id]
-                if isinstance(effect.envelope, Assign):
-                    node.running[effect.envelope.task_id] = effect.envelope
-                elif isinstance(effect.envelope, Cancel):
-                    node.running.pop(effect.envelope.task_id, None)
-                    node.cancelled.append(effect.envelope.task_id)
-            elif isinstance(effect, CloseNode):
-                self.nodes[effect.conn_id].closed_with = effect.code
-            elif isinstance(effect, Publish):
-                if effect.target in self.dead or effect.target not in self.machines:
-                    self.unreached_publishes.append((effect.target, effect.envelope))
-                    if effect.unreached_task is not None:
-                        self.apply(
-                            source,
-                            self.machines[source].answer_unreached(effect.unreached_task, self.now),
-                        )
-                else:
-                    self.in_flight.append((source, effect.target, effect.envelope))
-            elif isinstance(effect, Dispatch):
-                machine = self.machines[source]
-                task_id = effect.envelope.task_id
-                if effect.target in self.dead:
+        self._depth += 1
+        try:
+            for effect in effects:
+                self._apply(source, effect)
+        finally:
+            self._depth -= 1
+        if self._depth == 0:
+            self._settle()
+
+    def _apply(self, source: str, effect: Effect) -> None:
+        if isinstance(effect, Deliver):
+            self.events.setdefault(effect.task_id, []).append(effect.event)
+        elif isinstance(effect, SendToNode):
+            node = self.nodes[effect.conn_id]
+            if isinstance(effect.envelope, Assign):
+                node.running[effect.envelope.task_id] = effect.envelope
+            elif isinstance(effect.envelope, Cancel):
+                node.running.pop(effect.envelope.task_id, None)
+                node.cancelled.append(effect.envelope.task_id)
+        elif isinstance(effect, CloseNode):
+            self.nodes[effect.conn_id].closed_with = effect.code
+        elif isinstance(effect, Publish):
+            if effect.target in self.dead or effect.target not in self.machines:
+                self.unreached_publishes.append((effect.target, effect.envelope))
+                if effect.unreached_task is not None:
                     self.apply(
                         source,
-                        machine.unreached(task_id, effect.placement, effect.target, self.now),
+                        self.machines[source].answer_unreached(effect.unreached_task, self.now),
                     )
-                else:
-                    self.in_flight.append((source, effect.target, effect.envelope))
-                    self.apply(source, machine.dispatched(task_id, effect.placement, self.now))
-            elif isinstance(effect, Reserve):
-                self.reserve(source, effect)
-            elif isinstance(effect, ReleaseLease):
-                self.leases.release(
-                    LeaseRelease(
-                        request_id=effect.task_id,
-                        key_id=effect.key_id,
-                        model=effect.model,
-                        lease=effect.lease,
-                        wake_models=effect.wake_models,
-                    ),
-                    self.rules,
-                    self.now,
-                )
-                self.retry_waiting()
-            elif isinstance(effect, NodeFactsChanged):
-                self.put_facts(source, effect)
-            elif isinstance(effect, WakeQueue):
-                self.retry_waiting()
             else:
-                assert isinstance(effect, NodesChanged | ReleaseOwnership), effect
+                self.in_flight.append((source, effect.target, effect.envelope))
+        elif isinstance(effect, Dispatch):
+            machine = self.machines[source]
+            task_id = effect.envelope.task_id
+            if effect.target in self.dead:
+                self.apply(
+                    source,
+                    machine.unreached(task_id, effect.placement, effect.target, self.now),
+                )
+            else:
+                self.in_flight.append((source, effect.target, effect.envelope))
+                self.apply(source, machine.dispatched(task_id, effect.placement, self.now))
+        elif isinstance(effect, Reserve):
+            self.reserve(source, effect)
+        elif isinstance(effect, ReleaseLease):
+            heads = self.leases.release(
+                LeaseRelease(
+                    request_id=effect.task_id,
+                    key_id=effect.key_id,
+                    model=effect.model,
+                    lease=effect.lease,
+                    wake_models=effect.wake_models,
+                ),
+                self.rules,
+                self.now,
+            )
+            for model, instance in heads:
+                self._carry_out(source, self.admissions[source].wake(model, instance))
+        elif isinstance(effect, NodeFactsChanged):
+            self.put_facts(source, effect)
+        elif isinstance(effect, WakeQueue):
+            self._carry_out(source, self.admissions[source].wake_local(effect.model))
+        else:
+            assert isinstance(effect, NodesChanged | ReleaseOwnership), effect
 
     def put_facts(self, source: str, effect: NodeFactsChanged) -> None:
         conn = self.machines[source].owner.nodes.by_conn(effect.conn_id)
@@ -174,50 +217,124 @@ class MachineCluster:
         facts = NodeFacts(conn.node_id, conn.conn_id, source, conn.max_parallel)
         self.leases.put_facts(facts)
 
-    def reserve(self, source: str, effect: Reserve, until: float | None = None) -> None:
-        """What ``runtime/admission.py`` does, in one synchronous step."""
-        self.apply(source, self.granted(source, effect, until))
+    # -- admission: the shell of each instance's AdmissionMachine ---------------------------
 
-    def granted(self, source: str, effect: Reserve, until: float | None = None) -> list[Effect]:
-        """The machine's effects once the lease is granted ([] when it has to wait)."""
-        machine = self.machines[source]
-        candidates = machine.requester.candidates(effect.task_id, effect.attempt)
-        if candidates is None:
-            return []
-        ask = LeaseAsk(
-            request_id=effect.task_id,
-            instance_id=source,
-            key_id="",
-            model=machine.requester.model_of(effect.task_id) or "",
-            model_gb=0,
-            kv_gb=0,
-            candidates=tuple((v.node_id, v.conn_id) for v in candidates),
-            lease_id=f"{effect.task_id}.{effect.attempt}",
-            queue_entry_ttl_s=60,
+    @property
+    def waiting(self) -> list[tuple[str, Reserve, float]]:
+        """Reserves waiting for capacity (or for fresh views): (instance, reserve, until)."""
+        return [
+            (source, Reserve(*wait.ticket), wait.at)
+            for source, admissions in self.admissions.items()
+            for wait in admissions.waiting()
+        ]
+
+    def reserve(self, source: str, effect: Reserve) -> None:
+        """What ``runtime/admission.py`` does, up to the first wait."""
+        self.apply(source, self.granted(source, effect))
+
+    def granted(self, source: str, effect: Reserve) -> list[Effect]:
+        """The machine's effects once the lease is granted or refused, not yet applied ([] when
+        it has to wait)."""
+        ticket = (effect.task_id, effect.attempt)
+        requester = self.machines[source].requester
+        decisions = self.admissions[source].start(
+            ticket,
+            requester.model_of(effect.task_id),
+            requester.candidates(effect.task_id, effect.attempt, self.now),
+            self.now,
         )
-        admission = self.leases.admit(ask, self.rules, self.now)
-        if admission.outcome == "granted":
-            (view,) = [v for v in candidates if v.conn_id == admission.conn_id]
-            return machine.reserved(effect.task_id, effect.attempt, view, ask.lease_id, self.now)
-        assert admission.outcome in ("queued", "refused"), admission
-        if not candidates:
-            return machine.reserve_failed(
-                effect.task_id, effect.attempt, AllNodesBusy("no node serves it"), self.now
-            )
-        if admission.outcome == "queued":
-            machine.requester.waiting(effect.task_id)
-        until = self.now + QUEUE_TIMEOUT_S if until is None else until
-        if self.now >= until:
-            error = AllNodesBusy("no room in time")
-            return machine.reserve_failed(effect.task_id, effect.attempt, error, self.now)
-        self.waiting.append((source, effect, until))
-        return []
+        return self._admission(source, ticket, decisions)
 
-    def retry_waiting(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for source, effect, until in waiting:
-            if source not in self.dead:
-                self.reserve(source, effect, until)
+    def _admission(
+        self, source: str, ticket: Ticket, decisions: Sequence[Decision]
+    ) -> list[Effect]:
+        machine, admissions = self.machines[source], self.admissions[source]
+        task_id, attempt = ticket
+        while True:
+            step = self._carry_out(source, decisions)
+            if isinstance(step, AskStore):
+                ask = LeaseAsk(
+                    request_id=task_id,
+                    instance_id=source,
+                    key_id="",
+                    model=step.model,
+                    model_gb=0,
+                    kv_gb=0,
+                    candidates=tuple((v.node_id, v.conn_id) for v in step.candidates),
+                    lease_id=f"{task_id}.{attempt}",
+                    queue_entry_ttl_s=60,
+                )
+                admission = self.leases.admit(ask, self.rules, self.now)
+                decisions = admissions.answer(ticket, admission, self.now)
+            elif isinstance(step, WaitUntil):
+                self._waits[(source, ticket)] = step
+                if step.wakeable and (source, ticket) in self._woken:
+                    self._ready.append((source, ticket))  # a wake came while it was asking
+                return []
+            elif isinstance(step, Granted):
+                return machine.reserved(task_id, attempt, step.view, step.lease_id, self.now)
+            elif isinstance(step, Failed):
+                return machine.reserve_failed(task_id, attempt, step.error, self.now)
+            else:
+                self._woken.discard((source, ticket))
+                return []
+
+    def _carry_out(self, source: str, decisions: Sequence[Decision]) -> Step | None:
+        for decision in decisions:
+            if isinstance(decision, WakeLocal):
+                self._woken.add((source, decision.ticket))
+                self._ready.append((source, decision.ticket))
+            elif isinstance(decision, WakePeer):
+                envelope = BusWake(model=decision.model)
+                if decision.instance_id in self.dead or decision.instance_id not in self.machines:
+                    self.unreached_publishes.append((decision.instance_id, envelope))
+                else:
+                    self.in_flight.append((source, decision.instance_id, envelope))
+            elif isinstance(decision, Queued):
+                self.machines[source].requester.waiting(decision.ticket[0])
+        step = step_of(decisions)
+        if isinstance(step, Granted | Failed):
+            self._woken.discard((source, step.ticket))
+        return step
+
+    def _resume(self, source: str, ticket: Ticket) -> None:
+        """The ticket's wait is over: its time came, or a wake cut it short."""
+        wait = self._waits.pop((source, ticket))
+        if wait.wakeable:
+            self._woken.discard((source, ticket))
+        requester = self.machines[source].requester
+        candidates = requester.candidates(ticket[0], ticket[1], self.now)
+        decisions = self.admissions[source].waited(ticket, candidates, self.now)
+        self.apply(source, self._admission(source, ticket, decisions))
+
+    def _settle(self) -> None:
+        """Resume the waits wakes cut short, until none is left."""
+        if self._settling:
+            return
+        self._settling = True
+        try:
+            while self._ready:
+                source, ticket = self._ready.popleft()
+                wait = self._waits.get((source, ticket))
+                woken = (source, ticket) in self._woken
+                if source not in self.dead and wait is not None and wait.wakeable and woken:
+                    self._resume(source, ticket)
+        finally:
+            self._settling = False
+
+    def _fire_timers(self, until: float) -> None:
+        """Fire the waits' timers due by ``until``, in time order, the clock at each."""
+        while True:
+            due = [
+                (wait.at, key)
+                for key, wait in self._waits.items()
+                if key[0] not in self.dead and wait.at <= until
+            ]
+            if not due:
+                return
+            at, key = min(due)
+            self.now = max(self.now, at)
+            self._resume(*key)
 
     def deliver(self, limit: int | None = None) -> int:
         """Deliver bus envelopes in order (all of them by default)."""
@@ -267,8 +384,10 @@ class MachineCluster:
                 self.apply(name, machine.peers_dead(interesting & self.dead, self.now))
 
     def tick(self, seconds: float, *, silence_deadline_s: float | None = None) -> None:
-        self.now += seconds
-        self.retry_waiting()
+        until = self.now + seconds
+        self._settle()
+        self._fire_timers(until)
+        self.now = until
         for name, machine in self.machines.items():
             if name not in self.dead:
                 self.apply(name, machine.tick(self.now, silence_deadline_s=silence_deadline_s))

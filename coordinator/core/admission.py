@@ -1,0 +1,398 @@
+"""Admission: what a request waiting for a capacity lease does next, and when it gives up.
+
+Pure, in the manner of h11's ``Connection``: events go in with ``now``, decisions come out, and
+nothing here sleeps or reads a clock. Where the request has to wait, the machine says until when
+(``WaitUntil``) and whether a wake may cut the wait short; the shell (``runtime/admission.py``)
+sleeps, asks the store, and feeds what happened back in. The machine test harness drives the
+very same object synchronously.
+
+One ``AdmissionMachine`` per instance holds every request of that instance waiting for a lease,
+one *ticket* (task id, attempt) per ``Reserve``: a request's decisions depend on the instance's
+other waiters for the same model (only the first of them polls, a wake goes to the first, one
+not first passes a wake on, the first leaving wakes the next), so one object keeps that order
+and each request's own state together, and no decision has to be made in the shell.
+
+Events: ``start`` (the request's candidates), ``answer`` (the store's ``Admission``),
+``unreachable`` (the store did not answer), ``wake``/``wake_local`` (a wake for a model came),
+``waited`` (the wait asked for is over: its time came, or a wake cut it short), ``ended`` (the
+request stopped waiting: its client left). Each returns a list of decisions, with at most one
+next step for the ticket (``AskStore``, ``WaitUntil``, ``Granted``, ``Failed``; none: the attempt
+is over, the request ended meanwhile) and around it ``Queued``, ``WakeLocal``, ``WakePeer`` and
+``Left`` (the ticket left the local queue, with how long it waited in the shared one).
+
+The policy: ask at once; when the store queues the request, wait for a wake, the first local
+waiter of the model re-asking every ``POLL_S`` too (pub/sub is at-most-once, a wake may be
+lost); when every candidate went away (a view a beat old, facts the store lost), look again
+every ``GONE_RETRY_S`` for at most ``GONE_GIVE_UP_S``; after the queue timeout fail with
+``503 all_nodes_busy``; stale facts, an unreachable store, the key limit and a full queue fail
+at once (nothing is placed on a guess).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from coordinator.core.placement import NodeView
+from coordinator.core.requester import no_node_serves
+from coordinator.errors import AllNodesBusy, CoordinationDown, GemmaNetError, TooManyActive
+
+#: the first waiter of a model on this instance re-checks this often (a wake may be lost)
+POLL_S = 1.0
+#: a request whose candidates all went away (a view a beat old, or facts the store lost and
+#: their owners are writing again) looks again after this long, for at most GONE_GIVE_UP_S
+GONE_RETRY_S = 0.25
+GONE_GIVE_UP_S = 3.0
+#: how long a failed release is retried (a lease heals by its TTL anyway; an active-set
+#: entry of a live instance would not)
+RELEASE_GIVE_UP_S = 30.0
+RELEASE_FIRST_RETRY_S = 0.1
+RELEASE_MAX_RETRY_S = 2.0
+
+#: one ``Reserve``: (task id, attempt)
+Ticket = tuple[str, int]
+WaitWhy = Literal["poll", "queue_deadline", "gone_retry"]
+
+
+class StoreAnswer(Protocol):
+    """What the machine reads of the store's answer to one admission (``leases.Admission``;
+    typed here by shape, since the core does not import the coordination layer)."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def conn_id(self) -> str: ...
+    @property
+    def lease_id(self) -> str: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def refusals(self) -> Mapping[str, str]: ...
+    @property
+    def next_in_queue(self) -> str: ...
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AskStore:
+    """Ask the store for a lease for ``model`` on one of ``candidates`` (best first); then
+    ``answer`` or ``unreachable``."""
+
+    ticket: Ticket
+    model: str
+    candidates: tuple[NodeView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Wait until ``at``, then ``waited``. ``why``: the next poll of the first local waiter,
+    the queue deadline (only a wake comes sooner), or the next look after every candidate went
+    away (not cut short by a wake)."""
+
+    ticket: Ticket
+    at: float
+    why: WaitWhy
+
+    @property
+    def wakeable(self) -> bool:
+        return self.why != "gone_retry"
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The lease on ``view``'s node is the request's (``InstanceMachine.reserved``)."""
+
+    ticket: Ticket
+    view: NodeView
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """No lease (``InstanceMachine.reserve_failed``); ``reason`` labels the denial metric."""
+
+    ticket: Ticket
+    error: GemmaNetError
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The store queued the request (``position`` requests ahead): it holds a queue entry now
+    (``Requester.waiting``) and was denied for want of room."""
+
+    ticket: Ticket
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class WakeLocal:
+    """Cut short the wait of this instance's ``ticket`` (or, if it is not waiting, the next
+    one it starts)."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class WakePeer:
+    """Tell ``instance_id`` that its first waiter for ``model`` may try again (``BusWake``)."""
+
+    instance_id: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Left:
+    """The ticket left the local queue; ``queued_for``: how long it had waited in the shared
+    queue (None: never queued)."""
+
+    ticket: Ticket
+    queued_for: float | None
+
+
+Step = AskStore | WaitUntil | Granted | Failed
+Decision = Step | Queued | WakeLocal | WakePeer | Left
+
+
+def step_of(decisions: Sequence[Decision]) -> Step | None:
+    """The ticket's next step among ``decisions`` (None: the attempt is over)."""
+    steps = [d for d in decisions if isinstance(d, AskStore | WaitUntil | Granted | Failed)]
+    assert len(steps) <= 1, steps
+    return steps[0] if steps else None
+
+
+def release_retry_in(failures: int, started_at: float, now: float) -> float | None:
+    """After the ``failures``-th failed attempt to release (1 for the first), how long to wait
+    before the next one; None: give up (the lease heals by its TTL)."""
+    delay = min(RELEASE_FIRST_RETRY_S * 2 ** (failures - 1), RELEASE_MAX_RETRY_S)
+    return None if now + delay >= started_at + RELEASE_GIVE_UP_S else delay
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Waiter:
+    ticket: Ticket
+    model: str
+    queue_until: float
+    #: set at the first answer that every candidate went away; never reset (the give-up bound
+    #: holds for the whole wait)
+    gone_until: float | None = None
+    queued_at: float | None = None
+    #: the candidates of the ask in flight (a grant names one of them)
+    candidates: tuple[NodeView, ...] = ()
+    #: a wake came that no wakeable wait has consumed yet
+    woken: bool = False
+    #: the ask in flight follows a wake (if the store says it is not first after all, the
+    #: wake may be meant for a later local waiter: asks can overtake each other on the way)
+    asked_after_wake: bool = False
+    waiting: WaitUntil | None = None
+
+
+class AdmissionMachine:
+    def __init__(
+        self, me: str, *, queue_timeout_s: float, queue_max: int, max_active_per_key: int
+    ) -> None:
+        self.me = me
+        self._queue_timeout_s = queue_timeout_s
+        self._queue_max = queue_max
+        self._max_active_per_key = max_active_per_key
+        self._waiters: dict[Ticket, _Waiter] = {}
+        # Per model, this instance's waiting tickets in arrival order: registered before the
+        # first ask, and this instance's asks reach the store in the order they are sent, so
+        # local order is the shared queue's order.
+        self._by_model: dict[str, list[_Waiter]] = {}
+
+    # -- events -----------------------------------------------------------------------------
+
+    def start(
+        self, ticket: Ticket, model: str | None, candidates: Sequence[NodeView] | None, now: float
+    ) -> list[Decision]:
+        """A ``Reserve``: ``candidates`` as ``Requester.candidates`` gives them now (None, or no
+        model: the request ended meanwhile). Nothing (and nothing registered) for a ticket
+        already waiting: each ``Reserve`` is carried out once."""
+        if model is None or candidates is None or ticket in self._waiters:
+            return []
+        waiter = _Waiter(ticket, model, queue_until=now + self._queue_timeout_s)
+        self._waiters[ticket] = waiter
+        self._by_model.setdefault(model, []).append(waiter)
+        return self._ask(waiter, candidates, now)
+
+    def answer(self, ticket: Ticket, admission: StoreAnswer, now: float) -> list[Decision]:
+        """The store's answer to the ticket's ask."""
+        waiter = self._waiters.get(ticket)
+        if waiter is None:
+            return []
+        model, outcome = waiter.model, admission.outcome
+        decisions: list[Decision] = []
+        if outcome == "granted":
+            if admission.next_in_queue:
+                decisions += self.wake(model, admission.next_in_queue)
+            view = next(
+                v
+                for v in waiter.candidates
+                if v.node_id == admission.node_id and v.conn_id == admission.conn_id
+            )
+            decisions.append(Granted(ticket, view, admission.lease_id))
+            return decisions + self._leave(waiter, now)
+        if outcome == "queued":
+            waiter.queued_at = now if waiter.queued_at is None else waiter.queued_at
+            decisions.append(Queued(ticket, admission.position))
+            if waiter.asked_after_wake and admission.position > 0:
+                decisions += self._pass_wake(waiter)
+        elif outcome != "refused" or "stale" in admission.refusals.values():
+            reason = outcome if outcome != "refused" else "stale_facts"
+            return decisions + self._fail(waiter, self._refusal(model, admission), reason, now)
+        if now >= waiter.queue_until:
+            return decisions + self._fail(waiter, self._timed_out(model), "queue_timeout", now)
+        if outcome == "refused":  # every candidate went away: look again
+            if waiter.gone_until is None:
+                waiter.gone_until = now + GONE_GIVE_UP_S
+            if now >= waiter.gone_until:
+                return decisions + self._fail(
+                    waiter, self._facts_missing(model), "facts_missing", now
+                )
+            return [*decisions, self._wait(waiter, now + GONE_RETRY_S, "gone_retry")]
+        if self._by_model[model][0] is waiter and now + POLL_S < waiter.queue_until:
+            return [*decisions, self._wait(waiter, now + POLL_S, "poll")]
+        return [*decisions, self._wait(waiter, waiter.queue_until, "queue_deadline")]
+
+    def unreachable(self, ticket: Ticket, now: float) -> list[Decision]:
+        """The store could not be reached (or did not answer in time): fail closed."""
+        waiter = self._waiters.get(ticket)
+        if waiter is None:
+            return []
+        error = CoordinationDown(
+            "capacity cannot be reserved while the coordination store is unreachable; "
+            "retry after the Retry-After delay"
+        )
+        return self._fail(waiter, error, "coordination_unavailable", now)
+
+    def waited(
+        self, ticket: Ticket, candidates: Sequence[NodeView] | None, now: float
+    ) -> list[Decision]:
+        """The ticket's wait is over (its time came, or a wake cut it short); ``candidates`` as
+        the requester gives them now (None: the request ended meanwhile)."""
+        waiter = self._waiters.get(ticket)
+        if waiter is None:
+            return []
+        wait, waiter.waiting = waiter.waiting, None
+        if wait is not None and wait.wakeable:
+            waiter.asked_after_wake, waiter.woken = waiter.woken, False
+        else:
+            # A wake during a look after every candidate went away is kept for the next
+            # wakeable wait, which it then ends at once.
+            waiter.asked_after_wake = False
+        if candidates is None:
+            return self._leave(waiter, now)
+        return self._ask(waiter, candidates, now)
+
+    def ended(self, ticket: Ticket, now: float) -> list[Decision]:
+        """The ticket stopped waiting, whatever it was doing (its client left)."""
+        waiter = self._waiters.get(ticket)
+        return [] if waiter is None else self._leave(waiter, now)
+
+    def wake_local(self, model: str) -> list[Decision]:
+        """Capacity may be free for ``model``: this instance's first waiter tries again."""
+        waiters = self._by_model.get(model)
+        return self._woken(waiters[0]) if waiters else []
+
+    def wake(self, model: str, instance_id: str) -> list[Decision]:
+        """``instance_id``'s first waiter for ``model`` is first in the shared queue: wake it."""
+        if instance_id == self.me:
+            return self.wake_local(model)
+        return [WakePeer(instance_id, model)]
+
+    # -- views ------------------------------------------------------------------------------
+
+    def queued(self) -> dict[str, int]:
+        """This instance's waiting requests per model."""
+        return {model: len(waiters) for model, waiters in sorted(self._by_model.items())}
+
+    def waiting(self) -> list[WaitUntil]:
+        """The waits in progress, in arrival order per model."""
+        return [
+            w.waiting
+            for waiters in self._by_model.values()
+            for w in waiters
+            if w.waiting is not None
+        ]
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _ask(self, waiter: _Waiter, candidates: Sequence[NodeView], now: float) -> list[Decision]:
+        if not candidates:
+            return self._fail(waiter, no_node_serves(waiter.model), "no_node", now)
+        waiter.candidates = tuple(candidates)
+        return [AskStore(waiter.ticket, waiter.model, waiter.candidates)]
+
+    def _wait(self, waiter: _Waiter, at: float, why: WaitWhy) -> WaitUntil:
+        waiter.waiting = WaitUntil(waiter.ticket, at, why)
+        return waiter.waiting
+
+    def _woken(self, waiter: _Waiter) -> list[Decision]:
+        waiter.woken = True
+        return [WakeLocal(waiter.ticket)]
+
+    def _pass_wake(self, waiter: _Waiter) -> list[Decision]:
+        waiters = self._by_model.get(waiter.model, [])
+        index = waiters.index(waiter)
+        return self._woken(waiters[index + 1]) if index + 1 < len(waiters) else []
+
+    def _fail(
+        self, waiter: _Waiter, error: GemmaNetError, reason: str, now: float
+    ) -> list[Decision]:
+        return [Failed(waiter.ticket, error, reason), *self._leave(waiter, now)]
+
+    def _leave(self, waiter: _Waiter, now: float) -> list[Decision]:
+        del self._waiters[waiter.ticket]
+        queued_for = None if waiter.queued_at is None else now - waiter.queued_at
+        decisions: list[Decision] = [Left(waiter.ticket, queued_for)]
+        waiters = self._by_model[waiter.model]
+        was_first = waiters[0] is waiter
+        waiters.remove(waiter)
+        if not waiters:
+            del self._by_model[waiter.model]
+        elif was_first:
+            decisions += self._woken(waiters[0])  # the next local waiter may be first now
+        return decisions
+
+    def _refusal(self, model: str, admission: StoreAnswer) -> GemmaNetError:
+        if admission.outcome == "key_limit":
+            limit = self._max_active_per_key
+            return TooManyActive(
+                f"this API key already has {limit} request(s) running or queued "
+                "(GEMMANET_MAX_ACTIVE_PER_KEY)",
+                retry_after_s=1,
+            )
+        if admission.outcome == "queue_full":
+            return AllNodesBusy(
+                f"{self._queue_max} request(s) already wait for model {model!r} "
+                "(GEMMANET_QUEUE_MAX)",
+                retry_after_s=5,
+            )
+        stale = sorted(n for n, reason in admission.refusals.items() if reason == "stale")
+        return CoordinationDown(
+            f"the facts of node(s) {', '.join(stale)} are stale (their instance stopped "
+            "updating them); nothing is placed on a guess",
+        )
+
+    def _facts_missing(self, model: str) -> CoordinationDown:
+        return CoordinationDown(
+            f"the shared store has no current facts for the nodes serving model {model!r} "
+            "(it may have restarted; their instances are writing them again)"
+        )
+
+    def _timed_out(self, model: str) -> AllNodesBusy:
+        waited = self._queue_timeout_s
+        return AllNodesBusy(
+            f"no node serving model {model!r} had room within {waited:g} s "
+            "(GEMMANET_QUEUE_TIMEOUT_S)",
+            retry_after_s=max(1, round(waited / 10)),
+        )
