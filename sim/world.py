@@ -372,7 +372,7 @@ class World:
                 if walk_away is not None:
                     client_scope.deadline = trio.current_time() + walk_away
                 try:
-                    await instance.check_rate_limit(key)
+                    await instance.requests.check_rate_limit(key)
                     limit, period = instance.settings.rate_limit
                     self.trace.emit("ratelimit.allowed", key=key, limit=limit, period=period)
                     content: dict[str, Any] = (
@@ -380,7 +380,7 @@ class World:
                         if conversation
                         else {"prompt": prompt}
                     )
-                    async with instance.open_task(
+                    async with instance.requests.open(
                         key_id=key, model=model, stream=stream, timeout_s=None, **content
                     ) as handle:
                         task = handle.task_id

@@ -18,7 +18,6 @@ TO_SPLIT = {
     "coordinator/coordination/redis.py": 511,
     "coordinator/coordination/redis_link.py": 483,
     "coordinator/core/requester.py": 514,
-    "coordinator/runtime/instance.py": 609,
     "sim/world.py": 508,
     "tools/loadtest/analysis.py": 602,
     "tools/node_agent/agent.py": 458,

@@ -3,8 +3,8 @@
 LangChain's ChatOllama) use the whole network as one Ollama server (docs/ollama-api.md).
 
 A thin translation over the native request path, like the OpenAI-compatible routes: the same
-API keys (Bearer), the same rate limit bucket per key, the same ``Instance.start_task`` /
-``open_task`` (placement on any instance's nodes, admission queue, leases, timeouts). Requests
+API keys (Bearer), the same rate limit bucket per key, the same task path (``task_runs``:
+placement on any instance's nodes, admission queue, leases, timeouts). Requests
 become a conversation and options (``ollama_schemas``); answers are Ollama's NDJSON records;
 errors are ``{"error": …}`` (``ollama_errors``).
 
@@ -194,7 +194,7 @@ def register_ollama_routes(app: Quart) -> None:
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
-        await inst.check_rate_limit(api_key.key_id)
+        await inst.requests.check_rate_limit(api_key.key_id)
         body = decode_body(data, ChatRequest)
         options = request_options(body)
         messages = chat_messages(body.messages)
@@ -212,7 +212,7 @@ def register_ollama_routes(app: Quart) -> None:
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
-        await inst.check_rate_limit(api_key.key_id)
+        await inst.requests.check_rate_limit(api_key.key_id)
         body = decode_body(data, GenerateRequest)
         options = request_options(body)
         prompt, messages = generate_input(body)

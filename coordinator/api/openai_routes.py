@@ -3,7 +3,7 @@
 
 A thin translation over the native request path: the same API keys (Bearer), the same rate
 limit bucket as ``POST /api/v1/request`` (one budget per key across the APIs), and the same
-``Instance.start_task`` / ``open_task`` (placement on any instance's nodes, admission queue,
+task path (``task_runs``: placement on any instance's nodes, admission queue,
 timeouts). The messages and parameters pass through to the node as a conversation and options
 (``openai_params``); the answer, its usage and the errors take OpenAI's shapes
 (``openai_schemas``, ``openai_errors``); the streams are ``openai_streams``.
@@ -100,7 +100,7 @@ def register_openai_routes(app: Quart) -> None:
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
-        await inst.check_rate_limit(api_key.key_id)
+        await inst.requests.check_rate_limit(api_key.key_id)
         body = decode_body(data, ChatCompletionRequest)
         options = options_of(body)
         messages = chat_messages(body.messages)
@@ -141,7 +141,7 @@ def register_openai_routes(app: Quart) -> None:
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
-        await inst.check_rate_limit(api_key.key_id)
+        await inst.requests.check_rate_limit(api_key.key_id)
         body = decode_body(data, CompletionRequest)
         options = options_of(body)
         prompt = completion_prompt(body)

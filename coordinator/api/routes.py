@@ -180,7 +180,7 @@ def register_routes(app: Quart) -> None:
         data = await read_raw_body()
         api_key = await authenticate()
         inst = instance()
-        await inst.check_rate_limit(api_key.key_id)
+        await inst.requests.check_rate_limit(api_key.key_id)
         body = decode_body(data, TaskRequest)
         if (body.prompt is None) == (body.messages is None):
             raise InvalidFields("invalid request: give exactly one of 'prompt' and 'messages'")
@@ -211,7 +211,7 @@ def register_routes(app: Quart) -> None:
         # The ids the OpenAI-compatible routes hand out rate their task too.
         task_id = task_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
         # TaskNotFound (404), TaskForbidden (403) and AlreadyRated (409) answer for themselves.
-        await instance().rate_task(task_id, api_key.key_id, body.score)
+        await instance().requests.rate(task_id, api_key.key_id, body.score)
         return json_response(RatingResponse(task_id=task_id, score=body.score))
 
 

@@ -49,7 +49,7 @@ def task_headers(handle: TaskHandle) -> dict[str, str]:
 
 
 async def _start(inst: Instance, key_id: str, ask: TaskAsk, *, stream: bool) -> TaskHandle:
-    return await inst.start_task(
+    return await inst.requests.start(
         key_id=key_id,
         model=ask.model,
         prompt=ask.prompt,
@@ -61,7 +61,7 @@ async def _start(inst: Instance, key_id: str, ask: TaskAsk, *, stream: bool) -> 
 
 
 async def run_whole(inst: Instance, key_id: str, ask: TaskAsk) -> tuple[TaskHandle, DoneEvent]:
-    async with inst.open_task(
+    async with inst.requests.open(
         key_id=key_id,
         model=ask.model,
         prompt=ask.prompt,
@@ -83,10 +83,10 @@ async def open_stream(
     try:
         first = await handle.next_event()
     except GemmaNetError as exc:
-        await inst.end_task(handle, exc.code)
+        await inst.requests.end(handle, exc.code)
         raise
     except BaseException:
-        await inst.end_task(handle, "client_gone")
+        await inst.requests.end(handle, "client_gone")
         raise
     return handle, first
 
@@ -112,12 +112,12 @@ async def stream_events(
         outcome = "ok"
     except GemmaNetError as exc:
         outcome = exc.code
-        await inst.end_task(handle, outcome)
+        await inst.requests.end(handle, outcome)
         yield exc
         return
     finally:
         with trio.CancelScope(shield=True):
-            await inst.end_task(handle, outcome)
+            await inst.requests.end(handle, outcome)
     if whole_as_chunk and not streamed and event.output:
         yield ChunkEvent(event.output)
     yield event

@@ -10,14 +10,15 @@ such a window would excuse a silent instance's lapse when it comes back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import trio
 
 from coordinator.audit.findings import ConnectedNode, Observed
-from coordinator.coordination.base import Coordination, CoordinationUnavailable
+from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.factory import coordination_for
+from coordinator.coordination.roles import KeyValue, Presence
 from coordinator.core import registry
 from coordinator.monitor.poller import poll_host
 from coordinator.settings import Settings
@@ -29,8 +30,13 @@ PROBE_TIMEOUT_S = 2.0
 _NO_STALL_RECORD_S = 3600.0
 
 
+class _PeerStore(KeyValue, Presence, Protocol):
+    """The presence registry and the members' snapshot keys (membership's two roles; not
+    runtime.membership.MembershipStore, so that the audit stays off the runtime package)."""
+
+
 async def _connected_nodes(
-    coordination: Coordination, alive_ttl_s: float
+    coordination: _PeerStore, alive_ttl_s: float
 ) -> dict[str, ConnectedNode]:
     view = await coordination.presence_read(registry.PRESENCE, stall_after_s=_NO_STALL_RECORD_S)
     # An instance that stopped beating is dead to its peers: its nodes do not count.

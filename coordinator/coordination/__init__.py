@@ -10,6 +10,7 @@ either backend's pub/sub, ``StreamsBus`` (streams_bus.py, Redis only) and the in
 ``MemoryBus`` (memory_bus.py) — proven by tests/coordinator/test_bus_contract.py.
 
 base.py                 the interface, its semantics and CoordinationUnavailable
+roles.py                the interface cut into one small Protocol per concern (what callers take)
 leases.py               capacity leases and the admission queue: types and semantics
 factory.py              the backend and bus named by the settings
 bus.py                  the instance bus interface and PubSubBus
@@ -55,6 +56,16 @@ from coordinator.coordination.bus import Bus, PubSubBus
 from coordinator.coordination.factory import create_bus, create_coordination
 from coordinator.coordination.memory import MemoryCoordination, MemoryState
 from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
+from coordinator.coordination.roles import (
+    KeyValue,
+    Leases,
+    Lifecycle,
+    MonitorStore,
+    Presence,
+    PubSub,
+    RateLimits,
+    TelemetryStore,
+)
 
 if TYPE_CHECKING:
     from coordinator.coordination.redis import RedisCoordination
@@ -63,16 +74,24 @@ __all__ = [
     "Bus",
     "Coordination",
     "CoordinationUnavailable",
+    "KeyValue",
+    "Leases",
+    "Lifecycle",
     "MemoryBus",
     "MemoryBusHub",
     "MemoryCoordination",
     "MemoryState",
+    "MonitorStore",
+    "Presence",
     "PresenceEntry",
     "PresenceView",
+    "PubSub",
     "PubSubBus",
     "RateDecision",
+    "RateLimits",
     "RedisCoordination",
     "Subscription",
+    "TelemetryStore",
     "create_bus",
     "create_coordination",
 ]

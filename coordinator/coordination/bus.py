@@ -17,7 +17,8 @@ from __future__ import annotations
 import abc
 from contextlib import AbstractAsyncContextManager
 
-from coordinator.coordination.base import Coordination, Subscription
+from coordinator.coordination.base import Subscription
+from coordinator.coordination.roles import PubSub
 
 __all__ = ["INBOX_PREFIX", "Bus", "PubSubBus", "inbox"]
 
@@ -57,7 +58,7 @@ class Bus(abc.ABC):
 class PubSubBus(Bus):
     """``Bus`` over a ``Coordination``'s publish/subscribe (Redis pub/sub in production)."""
 
-    def __init__(self, coordination: Coordination) -> None:
+    def __init__(self, coordination: PubSub) -> None:
         self._coordination = coordination
 
     def __repr__(self) -> str:

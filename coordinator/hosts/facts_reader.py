@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
 from coordinator.capacity import Capacity
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, Leases, MonitorStore
 from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.monitor_types import HostFacts
-from coordinator.core.direct_hosts import DirectHosts, HostRead, host_conn_id, host_state
+from coordinator.core.direct_hosts import (
+    DirectHosts,
+    HostRead,
+    HostTerms,
+    host_conn_id,
+    host_state,
+)
+from coordinator.settings import Settings
 
 __all__ = ["READ_S", "HostFactsReader"]
 
@@ -58,12 +66,17 @@ def host_read(facts: HostFacts, read_at: float) -> HostRead:
     )
 
 
+class FactsStore(MonitorStore, Leases, Protocol):
+    """What the reader needs: the monitor's fenced facts and epoch to read, and the lease
+    facts it writes from them (the two roles together; any ``Coordination`` is one)."""
+
+
 class HostFactsReader:
     def __init__(
         self,
         instance_id: str,
         capacity: Capacity,
-        coordination: Coordination,
+        coordination: FactsStore,
         hosts: DirectHosts,
         clock: Callable[[], float],
     ) -> None:
@@ -133,3 +146,12 @@ class HostFactsReader:
             memory_gb=terms.memory_gb,
             resident=resident,
         )
+
+
+def direct_hosts(settings: Settings) -> DirectHosts:
+    """The operator file's direct hosts, as placement weighs them."""
+    terms = {
+        host_id: HostTerms(spec.kind, spec.max_parallel, spec.memory_gb, spec.weight)
+        for host_id, spec in settings.capacity.hosts.items()
+    }
+    return DirectHosts(settings.instance_id, terms, settings.residency_stale_s)

@@ -8,13 +8,13 @@ TTL still believes until its next write or renewal tells it otherwise.
 
 from __future__ import annotations
 
-from coordinator.coordination.base import Coordination
+from coordinator.coordination.roles import MonitorStore
 
 __all__ = ["Candidacy"]
 
 
 class Candidacy:
-    def __init__(self, coordination: Coordination, candidate: str, ttl_s: float) -> None:
+    def __init__(self, coordination: MonitorStore, candidate: str, ttl_s: float) -> None:
         self.coordination = coordination
         self.candidate = candidate
         self.ttl_s = ttl_s

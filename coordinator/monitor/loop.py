@@ -17,22 +17,28 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import trio
 
-from coordinator.coordination.base import Coordination, CoordinationUnavailable
+from coordinator.coordination.base import CoordinationUnavailable
+from coordinator.coordination.roles import MonitorStore, TelemetryStore
 from coordinator.monitor.election import Candidacy
 from coordinator.monitor.poller import poll_host
 from coordinator.monitor.telemetry_poll import run_telemetry_polls
 from coordinator.settings import Settings
 
-__all__ = ["Emit", "run_monitor"]
+__all__ = ["Emit", "MonitorBackend", "run_monitor"]
 
 log = logging.getLogger("gemmanet.monitor")
 
 Emit = Callable[[dict[str, Any]], None]
+
+
+class MonitorBackend(MonitorStore, TelemetryStore, Protocol):
+    """What the monitor needs: its election and fenced facts, and the telemetry its polls
+    append (the two roles together; any ``Coordination`` is one)."""
 
 
 def _log_only(event: dict[str, Any]) -> None:
@@ -89,7 +95,7 @@ async def _primary_tick(
 
 
 async def run_monitor(
-    coordination: Coordination,
+    coordination: MonitorBackend,
     settings: Settings,
     candidate: str,
     *,

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import trio
 
-from coordinator.coordination.base import Coordination
+from coordinator.coordination.roles import MonitorStore
 
 __all__ = ["MonitorProcess", "RunResult", "TakeoverRun"]
 
@@ -145,7 +145,7 @@ class MonitorProcess:
 class TakeoverRun:
     def __init__(
         self,
-        coordination: Coordination,
+        coordination: MonitorStore,
         host_id: str,
         env: dict[str, str],
         log_dir: str,

@@ -22,7 +22,8 @@ from collections.abc import Callable
 import httpx
 import trio
 
-from coordinator.coordination.base import Coordination, CoordinationUnavailable
+from coordinator.coordination.base import CoordinationUnavailable
+from coordinator.coordination.roles import TelemetryStore
 from coordinator.runtime.node_telemetry import HISTORY_LENGTH, history_ttl_s
 from coordinator.settings import Settings
 from protocol.telemetry import encode_sample, parse_sample
@@ -49,7 +50,7 @@ async def _fetch(client: httpx.AsyncClient, url: str, timeout_s: float) -> bytes
 
 
 async def poll_telemetry_agents(
-    client: httpx.AsyncClient, coordination: Coordination, settings: Settings
+    client: httpx.AsyncClient, coordination: TelemetryStore, settings: Settings
 ) -> dict[str, bool]:
     """One round: node id -> whether a valid sample was stored."""
     agents = {
@@ -84,7 +85,7 @@ async def poll_telemetry_agents(
 
 
 async def run_telemetry_polls(
-    coordination: Coordination,
+    coordination: TelemetryStore,
     settings: Settings,
     client: httpx.AsyncClient,
     is_primary: Callable[[], bool],

@@ -1,6 +1,7 @@
 """The trio shell around the pure core.
 
 instance.py              one coordinator instance: the driver of the cluster machine
+requests.py              its request side: start, end, rate and record its clients' tasks
 instance_status.py       what the API reads of the cluster through it: status, nodes, telemetry
 batched.py               group commit: store writes of callers arriving together, one bulk call
 supervision.py           its periodic duties: ticks and liveness verdicts, ownership, ratings

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, Leases
 from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
 from coordinator.core import registry
 from coordinator.core.admission import (
@@ -80,7 +80,7 @@ class Admissions:
     def __init__(
         self,
         settings: Settings,
-        coordination: Coordination,
+        coordination: Leases,
         machine: InstanceMachine,
         outbox: BusOutbox,
         clock: Callable[[], float],

@@ -29,19 +29,15 @@ Stopping the instance cancels the whole tree, node sockets included.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
-import msgspec
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.bus import Bus
 from coordinator.core import cluster_view
-from coordinator.core.direct_hosts import DirectHosts, HostTerms
 from coordinator.core.effects import (
     CallHost,
     CloseNode,
@@ -61,15 +57,11 @@ from coordinator.core.effects import (
 )
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.core.task_content import check_content_fits
 from coordinator.errors import (
     CoordinationDown,
-    GemmaNetError,
-    NodeDisconnected,
     StartupRefused,
-    StoreError,
 )
-from coordinator.hosts.facts_reader import HostFactsReader
+from coordinator.hosts.facts_reader import HostFactsReader, direct_hosts
 from coordinator.hosts.host_calls import HostCalls
 from coordinator.runtime import task_log
 from coordinator.runtime.admission import Admissions
@@ -84,10 +76,9 @@ from coordinator.runtime.node_link import NodeLink
 from coordinator.runtime.node_socket import NodeSocket, serve_node_in
 from coordinator.runtime.node_telemetry import NodeTelemetry
 from coordinator.runtime.ownership import Ownership, refresh_turns
-from coordinator.runtime.rate_limit import check_rate_limit
+from coordinator.runtime.requests import TaskRequests
 from coordinator.runtime.single_instance_lock import refuse_a_running_id
 from coordinator.runtime.supervision import Supervisor
-from coordinator.runtime.task_handle import TaskHandle, queued_failure
 from coordinator.runtime.task_recorder import TaskRecorder
 from coordinator.settings import Settings
 from coordinator.store import Store
@@ -97,8 +88,6 @@ from protocol import (
     Error,
     Heartbeat,
     Hello,
-    Message,
-    Options,
     ProtocolError,
     decode_bus,
     encode,
@@ -127,7 +116,7 @@ class Instance:
         self.coordination = coordination
         self.bus = bus
         self.clock = clock
-        self._wall_clock = wall_clock
+        self.wall_clock = wall_clock
         # Ids come from the seeded generator in the simulator, from the OS otherwise.
         self._ids = random.Random(rng.getrandbits(64)) if rng else random.SystemRandom()
         # A new one per process start: peers tell a restart with the same id from the life
@@ -154,6 +143,8 @@ class Instance:
             loads=self.machine.loads,
         )
         self.supervisor = Supervisor(self)
+        #: the request side: start, end and record the tasks this instance's clients ask for
+        self.requests = TaskRequests(self)
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
         self.membership.on_peer_loads = self.machine.set_peer_loads
@@ -180,7 +171,8 @@ class Instance:
         )
         self._links: dict[str, NodeLink] = {}
         self.heartbeats = NodeHeartbeats(settings)
-        self._waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
+        #: task id -> the channel of the request waiting for its events (runtime/requests.py)
+        self.waiting: dict[str, trio.MemorySendChannel[TaskEvent]] = {}
         self._nursery: trio.Nursery | None = None
         self.bus_losses = 0
 
@@ -258,7 +250,7 @@ class Instance:
         """Carry out the machine's effects in order. Dispatches run in the background."""
         for effect in effects:
             if isinstance(effect, Deliver):
-                channel = self._waiting.get(effect.task_id)
+                channel = self.waiting.get(effect.task_id)
                 if channel is not None:
                     channel.send_nowait(effect.event)
             elif isinstance(effect, SendToNode):
@@ -327,14 +319,14 @@ class Instance:
         return self.machine.unreached(task_id, placement, effect.target, self.clock())
 
     async def _dispatch_in_background(self, effect: Dispatch) -> None:
-        await self._carry_out(await self._dispatch(effect))
+        await self.carry_out(await self._dispatch(effect))
 
     async def _in_background(
         self, step: Callable[[Reserve], Awaitable[list[Effect]]], effect: Reserve
     ) -> None:
-        await self._carry_out(await step(effect))
+        await self.carry_out(await step(effect))
 
-    async def _carry_out(self, effects: list[Effect]) -> None:
+    async def carry_out(self, effects: list[Effect]) -> None:
         """Apply effects, awaiting leases and dispatches in place (a request being placed
         waits for its lease, for its own assign to reach its owner, and for any placement
         that follows)."""
@@ -372,7 +364,7 @@ class Instance:
             max_parallel=max_parallel,
             vram_gb=vram_gb,
             agent_version=hello.agent_version,
-            connected_at=self._wall_clock(),
+            connected_at=self.wall_clock(),
             last_seen=now,
             protocol=protocol,
         )
@@ -436,157 +428,6 @@ class Instance:
 
     # -- request side -----------------------------------------------------------------------
 
-    async def check_rate_limit(self, key_id: str) -> None:
-        await check_rate_limit(self.coordination, self.settings.rate_limit, key_id)
-
-    async def start_task(
-        self,
-        *,
-        key_id: str,
-        model: str,
-        prompt: str | None = None,
-        messages: list[Message] | None = None,
-        options: Options | None = None,
-        stream: bool,
-        timeout_s: float | None,
-    ) -> TaskHandle:
-        """Place a task on a node and send it there. The caller must ``end_task`` the handle
-        (``open_task`` does it); a handle that is never ended is swept at its deadline.
-        The task runs on ``prompt`` or on ``messages`` (exactly one), with ``options``.
-        Raises NoNodeForModel when no node serves the model; waits in the admission queue
-        while none has room (AllNodesBusy after the queue timeout)."""
-        began = self.clock()
-        try:
-            handle = await self._place_task(
-                key_id, model, prompt, messages, options, stream, timeout_s
-            )
-        except GemmaNetError as exc:
-            self.metrics.task_refused(exc)
-            raise
-        except trio.Cancelled:
-            self.metrics.task_outcome("client_gone")
-            raise
-        handle.began_at = began
-        return handle
-
-    async def _place_task(
-        self,
-        key_id: str,
-        model: str,
-        prompt: str | None,
-        messages: list[Message] | None,
-        options: Options | None,
-        stream: bool,
-        timeout_s: float | None,
-    ) -> TaskHandle:
-        if (prompt is None) == (messages is None):
-            raise ValueError("a task runs on exactly one of a prompt and messages")
-        check_content_fits(prompt, messages, options)
-        timeout = min(timeout_s or self.settings.task_timeout_s, self.settings.task_timeout_s)
-        task_id = self.new_id("t-")
-        # The rest of this request logs with its task (and, once placed, its node).
-        bind_log_ids(task_id=task_id, node_id=None)
-        now = self.clock()
-        deadline = now + timeout
-        assign = Assign(
-            task_id=task_id,
-            model=model,
-            prompt=prompt,
-            stream=stream,
-            timeout_s=timeout,
-            messages=msgspec.UNSET if messages is None else messages,
-            options=msgspec.UNSET if options is None or options.is_empty() else options,
-        )
-        send, receive = trio.open_memory_channel[TaskEvent](math.inf)
-        self._waiting[task_id] = send
-        try:
-            await self._carry_out(self.machine.submit(assign, deadline, now, key_id))
-        except BaseException:
-            self._waiting.pop(task_id, None)
-            self.apply(self.machine.request_ended(task_id, "client_gone", self.clock()))
-            raise
-        placement = self.machine.requester.placement(task_id)
-        if placement is None:
-            # Every node it was placed on turned out gone before any of them saw it: the
-            # request gets that error now, like a placement that found no node at all.
-            self._waiting.pop(task_id, None)
-            raise queued_failure(receive) or NodeDisconnected(f"task {task_id} could not be placed")
-        node_id, conn_id, owner = placement
-        bind_log_ids(node_id=node_id)
-        task_log.task_placed(task_id, node_id, owner)
-        return TaskHandle(
-            task_id=task_id,
-            node_id=node_id,
-            conn_id=conn_id,
-            owner_instance=owner,
-            events=receive,
-            deadline=deadline,
-            timeout_s=timeout,
-            key_id=key_id,
-            model=model,
-            stream=stream,
-            created_at=self._wall_clock(),
-        )
-
-    async def end_task(self, handle: TaskHandle, outcome: str) -> None:
-        """The request is done with its task (``outcome``: "ok" or an error code). Cancels it
-        on the node if it is still running, and records it. Idempotent."""
-        if handle.outcome is not None:
-            return
-        handle.outcome = outcome
-        local = handle.owner_instance == self.instance_id
-        self.metrics.task_ended(outcome, local=local, took_s=self.clock() - handle.began_at)
-        if handle.done is not None and handle.done.usage is not None:
-            self.metrics.tokens_used(handle.model, handle.done.usage)
-        task_log.task_ended(handle.task_id, handle.node_id, outcome)
-        self._waiting.pop(handle.task_id, None)
-        self.apply(self.machine.request_ended(handle.task_id, outcome, self.clock()))
-        self.recorder.add(handle.record(self.instance_id, finished_at=self._wall_clock()))
-
-    @asynccontextmanager
-    async def open_task(
-        self,
-        *,
-        key_id: str,
-        model: str,
-        prompt: str | None = None,
-        messages: list[Message] | None = None,
-        options: Options | None = None,
-        stream: bool,
-        timeout_s: float | None,
-    ) -> AsyncIterator[TaskHandle]:
-        """``start_task`` … ``end_task`` as a block; leaving it early cancels the task."""
-        handle = await self.start_task(
-            key_id=key_id,
-            model=model,
-            prompt=prompt,
-            messages=messages,
-            options=options,
-            stream=stream,
-            timeout_s=timeout_s,
-        )
-        outcome = "internal_error"
-        try:
-            yield handle
-            outcome = "ok"
-        except GemmaNetError as exc:
-            outcome = exc.code
-            raise
-        except trio.Cancelled:
-            outcome = "client_gone"
-            raise
-        finally:
-            await self.end_task(handle, outcome)
-
-    async def rate_task(self, task_id: str, key_id: str, score: int) -> None:
-        await self.recorder.rate_task(task_id, key_id, score)
-        # Visible at once here; the other instances re-read the ratings every
-        # RATINGS_REFRESH_S (see the README's HTTP API section).
-        try:
-            self.machine.set_ratings(await self.store.node_ratings())
-        except StoreError as exc:
-            log.warning("could not re-read the node ratings after a rating: %s", exc)
-
     # -- status (what the API reads of the cluster: runtime/instance_status.py) -------------
 
     def diagnostics(self) -> dict[str, object]:
@@ -598,12 +439,3 @@ class Instance:
             local_queued=self.admissions.queued(),
             lost_leases=self.admissions.lost_leases,
         )
-
-
-def direct_hosts(settings: Settings) -> DirectHosts:
-    """The operator file's direct hosts, as placement weighs them."""
-    terms = {
-        host_id: HostTerms(spec.kind, spec.max_parallel, spec.memory_gb, spec.weight)
-        for host_id, spec in settings.capacity.hosts.items()
-    }
-    return DirectHosts(settings.instance_id, terms, settings.residency_stale_s)

@@ -23,11 +23,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import trio
 
-from coordinator.coordination import Coordination, CoordinationUnavailable, PresenceView
+from coordinator.coordination import (
+    CoordinationUnavailable,
+    KeyValue,
+    Presence,
+    PresenceView,
+)
 from coordinator.coordination.bus import Bus
 from coordinator.core import registry
 from coordinator.core.liveness import LivenessJudge, presence_lapsed
@@ -35,7 +40,7 @@ from coordinator.core.registry import InstanceSnapshot
 from coordinator.errors import StartupRefused
 from coordinator.settings import Settings
 
-__all__ = ["FORGET_AFTER_S", "MemberLiveness", "Membership"]
+__all__ = ["FORGET_AFTER_S", "MemberLiveness", "Membership", "MembershipStore"]
 
 log = logging.getLogger("gemmanet.membership")
 
@@ -44,6 +49,11 @@ log = logging.getLogger("gemmanet.membership")
 FORGET_AFTER_S = 60.0
 #: how long a change waits for more before it is published (far below the beat)
 COALESCE_S = 0.05
+
+
+class MembershipStore(KeyValue, Presence, Protocol):
+    """What membership needs of the store: the presence registry, plus plain keys for each
+    member's snapshot (the two roles together; any ``Coordination`` is one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +77,7 @@ class Membership:
 
     def __init__(
         self,
-        coordination: Coordination,
+        coordination: MembershipStore,
         bus: Bus,
         settings: Settings,
         *,

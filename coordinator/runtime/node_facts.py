@@ -17,7 +17,7 @@ import logging
 import trio
 
 from coordinator.capacity import Capacity
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, Leases
 from coordinator.coordination.leases import NodeFacts
 from coordinator.core.effects import NodeFactsChanged
 from coordinator.core.node_table import NodeConnection, NodeTable
@@ -32,7 +32,7 @@ RETRY_S = 0.5
 
 class NodeFactsWriter:
     def __init__(
-        self, instance_id: str, capacity: Capacity, coordination: Coordination, nodes: NodeTable
+        self, instance_id: str, capacity: Capacity, coordination: Leases, nodes: NodeTable
     ) -> None:
         self.me = instance_id
         self._capacity = capacity

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import msgspec
 import trio
 
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, TelemetryStore
 from protocol.telemetry import TelemetrySample, encode_sample, parse_sample
 
 __all__ = ["HISTORY_LENGTH", "NodeTelemetry", "history_ttl_s"]
@@ -41,7 +41,7 @@ def decode_stored(samples: Sequence[bytes]) -> list[TelemetrySample]:
 
 
 class NodeTelemetry:
-    def __init__(self, coordination: Coordination, *, interval_s: float) -> None:
+    def __init__(self, coordination: TelemetryStore, *, interval_s: float) -> None:
         self._coordination = coordination
         self.interval_s = interval_s
         self._pending: dict[str, TelemetrySample] = {}

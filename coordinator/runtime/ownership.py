@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import NoReturn
 
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, KeyValue
 from coordinator.core import registry
 from coordinator.core.node_table import NodeConnection
 from coordinator.runtime.batched import Batched
@@ -34,7 +34,7 @@ def refresh_turns(owner_ttl_s: float, beat_s: float) -> int:
 
 class Ownership:
     def __init__(
-        self, coordination: Coordination, instance_id: str, *, ttl_s: float, turns: int = 1
+        self, coordination: KeyValue, instance_id: str, *, ttl_s: float, turns: int = 1
     ) -> None:
         self._coordination = coordination
         self.me = instance_id

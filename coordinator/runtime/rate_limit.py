@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import logging
 
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, RateLimits
 from coordinator.errors import COORDINATION_DOWN_MESSAGE, CoordinationDown, RateLimited
 
 log = logging.getLogger("gemmanet.rate_limit")
 
 
-async def check_rate_limit(
-    coordination: Coordination, rate: tuple[int, float], key_id: str
-) -> None:
+async def check_rate_limit(coordination: RateLimits, rate: tuple[int, float], key_id: str) -> None:
     """Count one request of ``key_id``; raises RateLimited (429) past ``rate`` (limit, period
     in seconds), CoordinationDown (503) when the store cannot tell."""
     limit, period = rate

@@ -15,17 +15,18 @@ import logging
 
 import trio
 
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, KeyValue
 from coordinator.coordination.bus import Bus
 from coordinator.core import registry
 from coordinator.errors import StartupRefused
+from coordinator.runtime.membership import MembershipStore
 from coordinator.settings import Settings
 
 log = logging.getLogger("gemmanet.lock")
 
 
 async def hold_single_instance_lock(
-    coordination: Coordination,
+    coordination: KeyValue,
     instance_id: str,
     *,
     ttl_s: float,
@@ -64,7 +65,7 @@ async def hold_single_instance_lock(
                 pass
 
 
-async def refuse_mixed_modes(coordination: Coordination, settings: Settings) -> None:
+async def refuse_mixed_modes(coordination: MembershipStore, settings: Settings) -> None:
     """``StartupRefused`` if an instance of the other GEMMANET_MULTI_INSTANCE mode runs on this
     Redis and prefix. Call it after this instance's first beat (and, with ``=0``, after taking
     the lock)."""

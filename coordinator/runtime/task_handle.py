@@ -23,7 +23,7 @@ def queued_failure(events: trio.MemoryReceiveChannel[TaskEvent]) -> GemmaNetErro
 
 
 class TaskHandle:
-    """One running task as its request sees it. Created by ``Instance.start_task``."""
+    """One running task as its request sees it. Created by ``TaskRequests.start`` (runtime/requests.py)."""
 
     def __init__(
         self,
@@ -53,7 +53,7 @@ class TaskHandle:
         # When the request asked (Instance.clock), queue wait included: the latency metric.
         self.began_at = 0.0
         self._events = events
-        # Set by Instance.end_task: "ok", or the error code the request ended with.
+        # Set by TaskRequests.end: "ok", or the error code the request ended with.
         self.outcome: str | None = None
         #: the final event, once it arrived (its usage is recorded with the task)
         self.done: DoneEvent | None = None

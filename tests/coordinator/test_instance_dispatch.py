@@ -97,13 +97,13 @@ async def test_task_failed_during_an_unreached_dispatch_is_placed_again(autojump
             instance, bus = await start_instance(nursery, {"B": "n1", "C": "n2"})
             assert sorted(v.node_id for v in instance.machine.views()) == ["n1", "n2"]
             instance.machine.set_ratings({"n1": (5.0, 10)})  # B's node first; the retry: C
-            handle = await instance.start_task(
+            handle = await instance.requests.start(
                 key_id="k", model="m", prompt="p", stream=False, timeout_s=10
             )
             assert bus.assigns == ["B", "C"]
             assert handle.owner_instance == "C" and handle.node_id == "n2"
             assert handle.task_id in instance.machine.requester.tracker  # pending on C, not failed
-            await instance.end_task(handle, "client_gone")
+            await instance.requests.end(handle, "client_gone")
             nursery.cancel_scope.cancel()
 
 
@@ -112,7 +112,7 @@ async def test_unreached_dispatch_with_no_other_node_is_503(autojump_clock) -> N
         async with trio.open_nursery() as nursery:
             instance, bus = await start_instance(nursery, {"B": "n1"})
             with pytest.raises(NoNodeForModel):  # the dead peer was the only one serving "m"
-                await instance.start_task(
+                await instance.requests.start(
                     key_id="k", model="m", prompt="p", stream=False, timeout_s=10
                 )
             assert bus.assigns == ["B"] and len(instance.machine.requester) == 0
