@@ -52,8 +52,10 @@ class RequestHost(Protocol):
     #: task id -> the channel of the request waiting for its events
     waiting: dict[str, trio.MemorySendChannel[TaskEvent]]
 
-    coordination: RateLimits
     store: Store
+
+    @property
+    def coordination(self) -> RateLimits: ...
 
     def new_id(self, prefix: str) -> str: ...
     def apply(self, effects: list[Effect]) -> None: ...
