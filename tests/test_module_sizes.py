@@ -17,7 +17,7 @@ LIMIT = 450
 TO_SPLIT = {
     "coordinator/coordination/redis.py": 511,
     "coordinator/coordination/redis_link.py": 483,
-    "coordinator/core/requester.py": 514,
+    "coordinator/core/requester.py": 503,
     "sim/world.py": 508,
     "tools/loadtest/analysis.py": 602,
     "tools/node_agent/agent.py": 458,

@@ -38,6 +38,7 @@ from coordinator.core.effects import (
     Reserve,
 )
 from coordinator.core.placement import NodeView
+from coordinator.core.task_content import bus_assign_for
 from coordinator.core.tracker import MAX_STREAMED_CHARS, PendingTask, TaskTracker, Verdict
 from coordinator.errors import (
     AllNodesBusy,
@@ -51,14 +52,12 @@ from protocol import (
     BUSY_CODES,
     Assign,
     BusAccepted,
-    BusAssign,
     BusCancel,
     BusChunk,
     BusNodeGone,
     BusRefused,
     BusResult,
     TaskErrorCode,
-    stamped,
 )
 
 # An upper bound on placements of one task (each one excludes a node, so this only matters
@@ -229,20 +228,10 @@ class Requester:
         )
         request.placements += 1
         request.dispatching = True
-        envelope = stamped(
-            BusAssign(
-                task_id=assign.task_id,
-                node_id=view.node_id,
-                conn_id=view.conn_id,
-                model=assign.model,
-                prompt=assign.prompt,
-                stream=assign.stream,
-                timeout_s=assign.timeout_s,
-                reply_to=self.me,
-                messages=assign.messages,
-                options=assign.options,
-            )
-        )
+        # A new placement is unconfirmed until its owner confirms it (an earlier owner's
+        # confirmation says nothing of this one).
+        request.accepted = False
+        envelope = bus_assign_for(assign, view.node_id, view.conn_id, reply_to=self.me)
         return [Dispatch(view.instance_id, envelope, request.placements)]
 
     def _place_again(

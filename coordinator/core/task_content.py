@@ -23,7 +23,7 @@ from protocol import (
     transcript,
 )
 
-__all__ = ["assign_for", "check_content_fits"]
+__all__ = ["assign_for", "bus_assign_for", "check_content_fits"]
 
 
 def check_content_fits(
@@ -38,6 +38,25 @@ def check_content_fits(
             f"{what} is {size:,} bytes (UTF-8, JSON-escaped, options included); at most"
             f" {MAX_PROMPT_BYTES:,} bytes fit in a task sent to a node"
         )
+
+
+def bus_assign_for(assign: Assign, node_id: str, conn_id: str, *, reply_to: str) -> BusAssign:
+    """The bus.assign that hands ``assign`` to the owner of ``conn_id`` (versioned by what
+    it carries, so an owner of either version reads a prompt-only one)."""
+    return stamped(
+        BusAssign(
+            task_id=assign.task_id,
+            node_id=node_id,
+            conn_id=conn_id,
+            model=assign.model,
+            prompt=assign.prompt,
+            stream=assign.stream,
+            timeout_s=assign.timeout_s,
+            reply_to=reply_to,
+            messages=assign.messages,
+            options=assign.options,
+        )
+    )
 
 
 def assign_for(protocol: int, envelope: BusAssign) -> Assign:

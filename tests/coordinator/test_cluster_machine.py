@@ -382,3 +382,27 @@ def test_when_every_node_turned_the_task_down_it_is_503_at_once_not_a_timeout(co
     assert seen[-1] == ("failed", AllNodesBusy.code), seen
     assert len([s for s in seen if s[0] == "moved"]) == 1, seen
     assert not first.running and not second.running and not cluster.in_flight
+
+
+def test_a_task_placed_again_is_unconfirmed_until_its_new_owner_confirms_it() -> None:
+    """A task its first node turned down (busy, before any output) runs on another node. If
+    that node's owner dies before confirming it, nobody is known to run it: it is placed a
+    third time, as a first placement would be, not failed because the first owner had
+    confirmed an earlier placement."""
+    cluster = MachineCluster("A", "B", "C", "D")
+    cluster.connect("A", "first", max_parallel=1)
+    cluster.machines["B"].set_ratings({"first": (5.0, 10), "second": (4.0, 10)})
+    cluster.submit("B", "t1")
+    cluster.deliver()  # the assign reaches A, A's bus.accepted reaches B
+    first = cluster.node_of("t1")
+    assert first.node_id == "first"
+    second = cluster.connect("C", "second", max_parallel=1)
+    cluster.connect("D", "third", max_parallel=1)
+    cluster.node_says(first.conn_id, Error(task_id="t1", code="node_busy", message="full"))
+    cluster.deliver(limit=1)  # A's refusal reaches B, which places the task on C's node
+    cluster.deliver(limit=1)  # the assign reaches C ...
+    assert "t1" in second.running
+    cluster.kill("C")  # ... and C dies before its bus.accepted reaches B
+    cluster.in_flight.clear()  # what C sent dies with it
+    cluster.judge()
+    assert outcome(cluster, "t1")[-1] == ("moved", "third")
