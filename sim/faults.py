@@ -9,32 +9,20 @@ the outage through ``FaultyCoordination.passage``, its ``before_io`` hook, and i
 
 from __future__ import annotations
 
+import inspect
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
-from coordinator.coordination import (
-    Coordination,
-    CoordinationUnavailable,
-    PresenceView,
-    RateDecision,
-    Subscription,
-)
+from coordinator.coordination import Coordination, CoordinationUnavailable, Subscription
 from coordinator.coordination.bus import Bus
-from coordinator.coordination.leases import (
-    Admission,
-    AdmissionRules,
-    LeaseAsk,
-    LeaseRelease,
-    LeaseUsage,
-    NodeFacts,
-)
+from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
 from coordinator.coordination.memory_bus import MemoryBus
-from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
+from coordinator.coordination.roles import ROLES
 
 
 class Gate:
@@ -126,7 +114,51 @@ class AdmissionObserver(Protocol):
     def left(self, request_id: str) -> None: ...
 
 
-class FaultyCoordination(Coordination):
+def _gated(name: str) -> Callable[..., Awaitable[Any]]:
+    """The method ``name``: this instance's passage, then the inner backend's ``name``. One
+    passage per call, as one call is one round trip on Redis (``swap_many``'s swaps and bump
+    land together)."""
+
+    async def gated(self: FaultyCoordination, /, *args: Any, **kwargs: Any) -> Any:
+        await self.passage()
+        return await getattr(self.inner, name)(*args, **kwargs)
+
+    gated.__name__ = gated.__qualname__ = name
+    return gated
+
+
+# Written out in FaultyCoordination below: they do more than pass the gate.
+_HAND_WRITTEN = frozenset({"keys_with_prefix", "admit", "release", "ping", "aclose"})
+# Not gated as one call: base.py's defaults loop over ``refresh_if`` / ``put_node_facts``, so
+# each key meets the gate (and may meet an outage) on its own. The simulator has always run
+# them that way; gating them once would change every trace and verdict.
+_BASE_DEFAULTS = frozenset({"refresh_many", "put_many_node_facts"})
+
+
+def _gated_roles() -> type:
+    """A mixin with a gated method for every async method of every role (``subscribe``, the
+    one that is not async, is FaultyCoordination's own)."""
+    methods = {
+        name: _gated(name)
+        for role in ROLES
+        for name, member in vars(role).items()
+        if not name.startswith("_")
+        and inspect.iscoroutinefunction(member)
+        and name not in _HAND_WRITTEN | _BASE_DEFAULTS
+    }
+    return type("_GatedRoles", (), methods)
+
+
+# Typed Any so that mypy takes FaultyCoordination's methods (and their signatures) from
+# Coordination, and does not see it as abstract: the mixin implements them at run time.
+_GatedRoles: Any = _gated_roles()
+
+
+class FaultyCoordination(_GatedRoles, Coordination):  # type: ignore[misc]  # Any base, above
+    """Every call of a role's method passes ``passage`` (the freeze, then a store outage) and
+    goes on to ``inner``; the mixin generates those from ``ROLES``. Written out here is only
+    what does more."""
+
     kind = "memory+faults"
 
     def __init__(
@@ -150,67 +182,11 @@ class FaultyCoordination(Coordination):
         if self.store.down or self.store.epoch != epoch:
             raise CoordinationUnavailable("simulated loss of the subscription")
 
-    async def get(self, key: str) -> bytes | None:
-        await self.passage()
-        return await self.inner.get(key)
-
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        await self.passage()
-        return await self.inner.get_many(keys)
-
-    async def set(
-        self, key: str, value: bytes, *, ttl_s: float | None = None, only_if_absent: bool = False
-    ) -> bool:
-        await self.passage()
-        return await self.inner.set(key, value, ttl_s=ttl_s, only_if_absent=only_if_absent)
-
-    async def swap(self, key: str, value: bytes, *, ttl_s: float | None = None) -> bytes | None:
-        await self.passage()
-        return await self.inner.swap(key, value, ttl_s=ttl_s)
-
-    async def swap_many(
-        self,
-        items: Sequence[tuple[str, bytes]],
-        *,
-        ttl_s: float | None = None,
-        bump: str | None = None,
-    ) -> list[bytes | None]:
-        await self.passage()  # one step, as on Redis: the swaps and the bump land together
-        return await self.inner.swap_many(items, ttl_s=ttl_s, bump=bump)
-
-    async def compare_and_set(
-        self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float | None = None
-    ) -> bool:
-        await self.passage()
-        return await self.inner.compare_and_set(key, expected, value, ttl_s=ttl_s)
-
-    async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
-        await self.passage()
-        return await self.inner.refresh_if(key, expected, ttl_s)
-
-    async def delete(self, key: str) -> None:
-        await self.passage()
-        await self.inner.delete(key)
-
-    async def incr(self, key: str, amount: int = 1, *, ttl_s: float | None = None) -> int:
-        await self.passage()
-        return await self.inner.incr(key, amount, ttl_s=ttl_s)
-
     async def keys_with_prefix(self, prefix: str) -> list[str]:
+        # The interface promises any order; sorting keeps callers' iteration, and so the
+        # trace, independent of how the inner backend happens to order its keys.
         await self.passage()
         return sorted(await self.inner.keys_with_prefix(prefix))
-
-    async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
-        await self.passage()
-        return await self.inner.rate_limit(key, limit=limit, period_s=period_s)
-
-    async def put_node_facts(self, facts: NodeFacts) -> None:
-        await self.passage()
-        await self.inner.put_node_facts(facts)
-
-    async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
-        await self.passage()
-        await self.inner.drop_node_facts(node_id, conn_id)
 
     async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
         await self.passage()
@@ -219,93 +195,11 @@ class FaultyCoordination(Coordination):
             self.observer.admitted(ask, admission)
         return admission
 
-    async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:
-        await self.passage()
-        return await self.inner.renew_leases(leases, ttl_s)
-
     async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
         if self.observer is not None and release.model:
             self.observer.left(release.request_id)  # the request is over, whether this succeeds
         await self.passage()
         return await self.inner.release(release, rules)
-
-    async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
-        await self.passage()
-        return await self.inner.lease_usage(node_ids)
-
-    async def queue_depths(self, models: Sequence[str], rules: AdmissionRules) -> dict[str, int]:
-        await self.passage()
-        return await self.inner.queue_depths(models, rules)
-
-    async def append_telemetry(
-        self, node_id: str, sample: bytes, *, keep: int, ttl_s: float
-    ) -> None:
-        await self.passage()
-        await self.inner.append_telemetry(node_id, sample, keep=keep, ttl_s=ttl_s)
-
-    async def telemetry_history(self, node_id: str) -> list[bytes]:
-        await self.passage()
-        return await self.inner.telemetry_history(node_id)
-
-    async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
-        await self.passage()
-        return await self.inner.latest_telemetry(node_ids)
-
-    async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
-        await self.passage()
-        return await self.inner.monitor_acquire(candidate, ttl_s)
-
-    async def monitor_renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
-        await self.passage()
-        return await self.inner.monitor_renew(candidate, epoch, ttl_s)
-
-    async def monitor_resign(self, candidate: str, epoch: int) -> bool:
-        await self.passage()
-        return await self.inner.monitor_resign(candidate, epoch)
-
-    async def monitor_status(self) -> MonitorStatus:
-        await self.passage()
-        return await self.inner.monitor_status()
-
-    async def write_host_facts(
-        self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool = True
-    ) -> bool:
-        await self.passage()
-        return await self.inner.write_host_facts(candidate, epoch, host_id, record, fenced=fenced)
-
-    async def host_facts(self, host_ids: Sequence[str] | None = None) -> dict[str, HostFacts]:
-        await self.passage()
-        return await self.inner.host_facts(host_ids)
-
-    async def accepted_fact_writes(self, epoch: int) -> int:
-        await self.passage()
-        return await self.inner.accepted_fact_writes(epoch)
-
-    async def presence_beat(
-        self,
-        registry: str,
-        member: str,
-        data: bytes,
-        *,
-        stall_after_s: float,
-        forget_after_s: float,
-    ) -> PresenceView:
-        await self.passage()
-        return await self.inner.presence_beat(
-            registry, member, data, stall_after_s=stall_after_s, forget_after_s=forget_after_s
-        )
-
-    async def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
-        await self.passage()
-        return await self.inner.presence_read(registry, stall_after_s=stall_after_s)
-
-    async def presence_leave(self, registry: str, member: str) -> None:
-        await self.passage()
-        await self.inner.presence_leave(registry, member)
-
-    async def publish(self, channel: str, payload: bytes) -> int:
-        await self.passage()
-        return await self.inner.publish(channel, payload)
 
     def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
         return self._subscribe(channel)
@@ -317,14 +211,14 @@ class FaultyCoordination(Coordination):
         async with self.inner.subscribe(channel) as inner:
             yield _FaultySubscription(inner, self, epoch)
 
-    async def subscriber_count(self, channel: str) -> int:
-        await self.passage()
-        return await self.inner.subscriber_count(channel)
-
     async def ping(self) -> None:
+        # Reachability is the passage alone; the inner ping would add a checkpoint to every
+        # health check and so move the schedule (and the digests).
         await self.passage()
 
     async def aclose(self) -> None:
+        # A no-op, as it has always been: forwarding it would close the inner backend's open
+        # subscriptions at shutdown, which the runs (and their digests) never had.
         pass
 
 
