@@ -44,7 +44,7 @@ from coordinator.api.ollama_schemas import (
     request_options,
 )
 from coordinator.api.responses import json_response
-from coordinator.api.routes import authenticate, decode_body, instance, read_raw_body
+from coordinator.api.routes import authenticate, instance, task_request
 from coordinator.api.schemas import NodeInfo
 from coordinator.api.task_runs import (
     STREAM_HEADERS,
@@ -191,11 +191,7 @@ def register_ollama_routes(app: Quart) -> None:
         """Ollama's chat: the messages and options reach the node's model server as a
         conversation. Streams NDJSON unless `"stream": false`."""
         began = time.monotonic()
-        data = await read_raw_body()
-        api_key = await authenticate()
-        inst = instance()
-        await inst.requests.check_rate_limit(api_key.key_id)
-        body = decode_body(data, ChatRequest)
+        inst, api_key, body = await task_request(ChatRequest)
         options = request_options(body)
         messages = chat_messages(body.messages)
         records = _Records(chat=True, model=body.model, began=began)
@@ -209,11 +205,7 @@ def register_ollama_routes(app: Quart) -> None:
         """Ollama's generate: the prompt (after the `system` message, if any) goes through
         the model's chat template, or as it is with `"raw": true`."""
         began = time.monotonic()
-        data = await read_raw_body()
-        api_key = await authenticate()
-        inst = instance()
-        await inst.requests.check_rate_limit(api_key.key_id)
-        body = decode_body(data, GenerateRequest)
+        inst, api_key, body = await task_request(GenerateRequest)
         options = request_options(body)
         prompt, messages = generate_input(body)
         records = _Records(chat=False, model=body.model, began=began)

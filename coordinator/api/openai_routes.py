@@ -42,7 +42,7 @@ from coordinator.api.openai_streams import (
     usage_of,
 )
 from coordinator.api.responses import json_response
-from coordinator.api.routes import authenticate, decode_body, instance, read_raw_body
+from coordinator.api.routes import authenticate, instance, task_request
 from coordinator.api.schemas import NodeInfo
 from coordinator.api.task_runs import TaskAsk, run_whole, task_headers
 from coordinator.errors import NoNodeForModel
@@ -97,11 +97,7 @@ def register_openai_routes(app: Quart) -> None:
         then `data: [DONE]`; a failure after the stream began is one `{"error": {…}}` chunk
         in this route's error shape, and the stream ends without `[DONE]`.
         """
-        data = await read_raw_body()
-        api_key = await authenticate()
-        inst = instance()
-        await inst.requests.check_rate_limit(api_key.key_id)
-        body = decode_body(data, ChatCompletionRequest)
+        inst, api_key, body = await task_request(ChatCompletionRequest)
         options = options_of(body)
         messages = chat_messages(body.messages)
         created = int(time.time())
@@ -138,11 +134,7 @@ def register_openai_routes(app: Quart) -> None:
         text deltas, then one with the `finish_reason`, with `stream_options.include_usage` a
         last one with no choices and the `usage`, then `data: [DONE]`.
         """
-        data = await read_raw_body()
-        api_key = await authenticate()
-        inst = instance()
-        await inst.requests.check_rate_limit(api_key.key_id)
-        body = decode_body(data, CompletionRequest)
+        inst, api_key, body = await task_request(CompletionRequest)
         options = options_of(body)
         prompt = completion_prompt(body)
         created = int(time.time())

@@ -103,6 +103,17 @@ def decode_body(data: bytes, struct: type[S]) -> S:
         raise MalformedJson("request body is nested too deeply to be a request") from None
 
 
+async def task_request(struct: type[S]) -> tuple[Instance, ApiKey, S]:
+    """The opening of every route that runs a task, in its order: the whole body read (a
+    keep-alive connection must not be left with an unread body), the key authenticated, its
+    rate limit spent (one budget across every route), then the body decoded strictly."""
+    data = await read_raw_body()
+    api_key = await authenticate()
+    inst = instance()
+    await inst.requests.check_rate_limit(api_key.key_id)
+    return inst, api_key, decode_body(data, struct)
+
+
 def _sse(event: msgspec.Struct) -> bytes:
     return b"data: " + _json.encode(event) + b"\n\n"
 
@@ -177,11 +188,7 @@ def register_routes(app: Quart) -> None:
         or an `{"error": {"code", "message", "status"}}` event when the task fails after the
         stream began.
         """
-        data = await read_raw_body()
-        api_key = await authenticate()
-        inst = instance()
-        await inst.requests.check_rate_limit(api_key.key_id)
-        body = decode_body(data, TaskRequest)
+        inst, api_key, body = await task_request(TaskRequest)
         if (body.prompt is None) == (body.messages is None):
             raise InvalidFields("invalid request: give exactly one of 'prompt' and 'messages'")
         ask = TaskAsk(
