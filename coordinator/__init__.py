@@ -4,6 +4,7 @@ app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
 server.py         ``gemmanet serve``: the app on Hypercorn's trio worker, start-up refusals
 gc_tuning.py      the garbage collector tuned for thousands of connections (pauses, metric)
 heap_trim.py      the C heap kept to what it holds: one malloc arena, trimmed every 30 s (glibc)
+versions.py       the check that a dependency is a release our workarounds know
 hypercorn_patches.py  workarounds for Hypercorn: Connection: close, JSON 400/431, reason phrases,
                   one write per response, 4 KiB reads
 cli.py            the ``gemmanet`` command line

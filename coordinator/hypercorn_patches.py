@@ -44,10 +44,8 @@ checks the refusal of an unsupported Hypercorn.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from importlib import metadata
 from typing import Any
 
 import h11
@@ -58,7 +56,7 @@ from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.protocol.events import Body, EndBody, Response
 from hypercorn.trio import tcp_server
 
-from coordinator.errors import StartupRefused
+from coordinator.versions import require_release
 
 _PATCHED = "_gemmanet_patched"
 
@@ -89,22 +87,12 @@ def apply() -> None:
 
 def check_hypercorn_version() -> None:
     """The installed Hypercorn is one of ``SUPPORTED_HYPERCORN``, or ``StartupRefused``."""
-    try:
-        installed: str | None = metadata.version("hypercorn")
-    except metadata.PackageNotFoundError:  # importable, but not installed as a distribution
-        installed = None
-    # (major, minor) is enough: the range is bounded by minor releases, and a pre-release of
-    # 0.19 (0.19.0rc1) must be refused like 0.19 itself.
-    parsed = re.match(r"(\d+)\.(\d+)", installed or "")
-    version = (int(parsed[1]), int(parsed[2])) if parsed else None
-    low, high = SUPPORTED_HYPERCORN
-    if version is None or not low <= version < high:
-        wanted = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
-        raise StartupRefused(
-            f"Hypercorn {installed or '(version unknown)'} is installed, but GemmaNet's "
-            f"workarounds for its HTTP/1.1 server support only hypercorn{wanted}: "
-            f"pip install 'hypercorn{wanted}'"
-        )
+    require_release(
+        "hypercorn",
+        SUPPORTED_HYPERCORN,
+        name="Hypercorn",
+        needed_by="GemmaNet's workarounds for its HTTP/1.1 server support",
+    )
 
 
 def _reason(status: int) -> bytes:

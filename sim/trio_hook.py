@@ -14,10 +14,7 @@ range changes the scheduler.
 
 from __future__ import annotations
 
-import re
-from importlib import metadata
-
-from coordinator.errors import StartupRefused
+from coordinator.versions import require_release
 
 __all__ = ["SUPPORTED_TRIO", "check_trio_version", "pin_trio_scheduler"]
 
@@ -27,19 +24,12 @@ SUPPORTED_TRIO = ((0, 27), (0, 36))
 
 def check_trio_version() -> None:
     """The installed trio is one of ``SUPPORTED_TRIO``, or ``StartupRefused``."""
-    try:
-        installed: str | None = metadata.version("trio")
-    except metadata.PackageNotFoundError:  # importable, but not installed as a distribution
-        installed = None
-    parsed = re.match(r"(\d+)\.(\d+)", installed or "")
-    version = (int(parsed[1]), int(parsed[2])) if parsed else None
-    low, high = SUPPORTED_TRIO
-    if version is None or not low <= version < high:
-        wanted = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
-        raise StartupRefused(
-            f"trio {installed or '(version unknown)'} is installed, but the simulator's "
-            f"deterministic scheduling supports only trio{wanted}: pip install 'trio{wanted}'"
-        )
+    require_release(
+        "trio",
+        SUPPORTED_TRIO,
+        name="trio",
+        needed_by="the simulator's deterministic scheduling supports",
+    )
 
 
 def pin_trio_scheduler(seed: str) -> None:
