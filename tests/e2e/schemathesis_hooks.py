@@ -6,9 +6,18 @@ here (a node failed, none serves the model, a task timed out); what must never h
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import schemathesis
+
+# Request fields that take any JSON (an OpenAI ``tools`` list, a JSON schema in the options,
+# ``logit_bias``) are documented as ``{}``, for which hypothesis builds deeply recursive
+# strategies. Describing one of them near CPython's default recursion limit of 1,000 has made
+# CPython 3.11's ``ast.parse`` (used by hypothesis to print a lambda) fail with
+# "SystemError: AST constructor recursion depth mismatch", a crash of the tool and not an
+# answer of ours. A higher limit in the schemathesis process keeps it away from that edge.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
 
 
 @schemathesis.check
