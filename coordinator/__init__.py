@@ -1,12 +1,7 @@
 """The GemmaNet coordinator service.
 
 app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
-server.py         ``gemmanet serve``: the app on Hypercorn's trio worker, start-up refusals
-gc_tuning.py      the garbage collector tuned for thousands of connections (pauses, metric)
-heap_trim.py      the C heap kept to what it holds: one malloc arena, trimmed every 30 s (glibc)
 versions.py       the check that a dependency is a release our workarounds know
-hypercorn_patches.py  workarounds for Hypercorn: Connection: close, JSON 400/431, reason phrases,
-                  one write per response, 4 KiB reads
 cli.py            the ``gemmanet`` command line
 settings.py       GEMMANET_* environment settings
 capacity.py       the operator file: per-node budgets and the model catalog
@@ -20,7 +15,7 @@ runtime/          the trio shell: node sockets, dispatch, membership, supervisio
 coordination/     shared coordination state (memory and Redis backends, with the exact
                   rate limiter) and the instance bus
 store/            the durable SQL store (API keys, node tokens, tasks, ratings)
-telemetry/        host telemetry samples: the sampler and ``gemmanet telemetry-agent``
+server/           ``gemmanet serve`` on Hypercorn, its workarounds, GC and heap tuning
 monitor/          the elected residency monitor: election, host polls, fenced facts,
                   ``gemmanet monitor`` and ``gemmanet prove-takeover``
 audit/            ``gemmanet audit``: is the cluster ready for the scheduler?

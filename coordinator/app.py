@@ -8,24 +8,25 @@ import trio
 from quart_schema import QuartSchema
 from quart_trio import QuartTrio
 
-from coordinator import __version__, hypercorn_patches
+from coordinator import __version__
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.metrics_http import install_metrics, serve_metrics
 from coordinator.api.node_websocket import ServeNode, serve_node_sockets_first
-from coordinator.api.ollama_routes import register_ollama_routes
-from coordinator.api.openai_routes import register_openai_routes
+from coordinator.api.ollama.routes import register_ollama_routes
+from coordinator.api.openai.routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
 from coordinator.api.system_health import register_system_health
 from coordinator.api.usage_routes import register_usage_routes
+from coordinator.coordination.bus.memory_hub import MemoryBusHub
 from coordinator.coordination.factory import coordination_for, create_bus
-from coordinator.coordination.memory_bus_hub import MemoryBusHub
 from coordinator.errors import StartupRefused
-from coordinator.runtime.instance import Instance
-from coordinator.runtime.single_instance_lock import (
+from coordinator.runtime.cluster.single_instance_lock import (
     hold_single_instance_lock,
     refuse_mixed_modes,
 )
+from coordinator.runtime.instance import Instance
+from coordinator.server import hypercorn_patches
 from coordinator.settings import Settings
 from coordinator.store import Store
 

@@ -37,7 +37,7 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from coordinator.server import serve
+    from coordinator.server.serve import serve
 
     settings = Settings.from_env()
     register_startup_secrets(
@@ -106,7 +106,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _telemetry_agent(args: argparse.Namespace) -> int:
-    from coordinator.telemetry.agent_server import run_telemetry_agent
+    from tools.node_agent.telemetry.agent_server import run_telemetry_agent
 
     if not 0.05 <= args.interval <= 3600:
         return _fail("--interval must be between 0.05 and 3600 seconds", 2)
@@ -152,7 +152,7 @@ def _add_monitor_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _redis_acl(args: argparse.Namespace) -> int:
-    from coordinator.coordination.redis_acl import parse_version, setuser_line
+    from coordinator.coordination.redis.acl import parse_version, setuser_line
 
     try:
         version = parse_version(args.redis_version)

@@ -82,7 +82,7 @@ REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 def _redis_url(name: str, raw: str) -> str:
     if raw.startswith(("redis+sentinel://", "rediss+sentinel://")):
-        from coordinator.coordination.redis_sentinel import parse_sentinel_url
+        from coordinator.coordination.redis.connect.sentinel import parse_sentinel_url
 
         try:
             parse_sentinel_url(raw)
@@ -279,7 +279,7 @@ class Settings:
     # (nodes / rate). Each heartbeat costs ~150 us of CPU each way (README "Scale").
     heartbeat_rate: float = 200.0
     max_body_bytes: int = 1024 * 1024
-    # Multi-instance timing (see coordinator/runtime/membership.py): the instance heartbeat and
+    # Multi-instance timing (see coordinator/runtime/cluster/membership.py): the instance heartbeat and
     # its TTL bound failover; ownership keeps the seed's long TTL.
     beat_s: float = 0.5
     alive_ttl_s: float = 2.0

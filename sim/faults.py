@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable, Subscription
-from coordinator.coordination.bus import Bus
+from coordinator.coordination.bus.base import Bus
+from coordinator.coordination.bus.memory import MemoryBus
 from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
-from coordinator.coordination.memory_bus import MemoryBus
 from coordinator.coordination.roles import ROLES
 
 

@@ -5,7 +5,7 @@ leases and memory in use right after, read from the store itself), who was queue
 from __future__ import annotations
 
 from coordinator.coordination.leases import Admission, LeaseAsk
-from coordinator.coordination.memory import MemoryState
+from coordinator.coordination.memory.coordination import MemoryState
 from sim.trace import Trace
 
 

@@ -25,7 +25,7 @@ import trio
 
 from coordinator.capacity import Capacity, HostSpec
 from coordinator.coordination import CoordinationUnavailable
-from coordinator.coordination.memory import MemoryCoordination, MemoryState
+from coordinator.coordination.memory.coordination import MemoryCoordination, MemoryState
 from coordinator.coordination.monitor_types import MonitorClaim
 from coordinator.core import direct_hosts
 from coordinator.hosts.facts_reader import host_read

@@ -11,12 +11,12 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from unittest import mock
 
-from coordinator.coordination.memory_leases import LeaseTables
-from coordinator.coordination.memory_monitor import MonitorTables
+from coordinator.coordination.memory.leases import LeaseTables
+from coordinator.coordination.memory.monitor import MonitorTables
 from coordinator.core import direct_hosts, owner, task_content
 from coordinator.core.forwarding import ForwardingTable
 from coordinator.core.tracker import TaskTracker, Verdict
-from coordinator.runtime.membership import Membership
+from coordinator.runtime.cluster.membership import Membership
 
 
 @contextmanager

@@ -12,9 +12,9 @@ import trio
 import trio.testing
 
 from coordinator.capacity import Capacity, ModelCost
+from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
 from coordinator.coordination.factory import BUS_NAMES
-from coordinator.coordination.memory import MemoryCoordination, MemoryState
-from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
+from coordinator.coordination.memory.coordination import MemoryCoordination, MemoryState
 from coordinator.errors import GemmaNetError, StartupRefused
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings

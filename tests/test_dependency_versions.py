@@ -1,5 +1,5 @@
 """Code that reaches into a dependency's private parts checks that dependency's release first:
-the Hypercorn workarounds (coordinator/hypercorn_patches.py) and the simulator's trio hook
+the Hypercorn workarounds (coordinator/server/hypercorn_patches.py) and the simulator's trio hook
 (sim/trio_hook.py) refuse, in one line, a release outside the range they were written for,
 rather than patch a renamed method wrongly or replay with an unpinned scheduler."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import hypercorn_patches
 from coordinator.errors import StartupRefused
+from coordinator.server import hypercorn_patches
 from sim import trio_hook
 from tests.fixtures.processes import free_port
 

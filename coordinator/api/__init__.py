@@ -1,6 +1,7 @@
-"""The HTTP API of INTERFACE.md: request schemas, routes, JSON errors, server-sent events.
+"""The HTTP API: the native routes, the OpenAI- and Ollama-compatible ones, JSON errors,
+server-sent events, the health page and /metrics.
 
-routes.py           the native routes (/api/v1/..., /healthz)
+routes.py           the native routes (/api/v1/..., /healthz) and the opening every task route shares
 schemas.py          their request and response Structs
 usage_routes.py     GET /api/v1/usage: tokens per key and model over a time window
 usage_schemas.py    its query and response Structs
@@ -13,14 +14,7 @@ node_websocket.py   /ws/node served from the ASGI events below Quart (every node
 system_health.py    the System Health page (/system-health) and GET /api/v1/cluster
 health_schemas.py   the body of GET /api/v1/cluster
 health_page/        the page's HTML, script and stylesheet (package data, not a package)
-openai_routes.py    the OpenAI-compatible routes (/v1/chat/completions, /v1/completions,
-                    /v1/models)
-openai_schemas.py   their bodies, in OpenAI's shapes
-openai_params.py    their messages and parameters as a task's conversation and options
-openai_streams.py   their streamed answers (OpenAI's chunk formats)
-openai_errors.py    errors of the /v1 routes, in OpenAI's shape
-ollama_routes.py    the Ollama-compatible routes (/api/chat, /api/generate, /api/tags, /api/ps,
+openai/             the OpenAI-compatible routes (/v1/chat/completions, /v1/completions, /v1/models)
+ollama/             the Ollama-compatible routes (/api/chat, /api/generate, /api/tags, /api/ps,
                     /api/version)
-ollama_schemas.py   their bodies, in Ollama's shapes, and a request as a task's input and options
-ollama_errors.py    errors of those routes, in Ollama's shape
 """

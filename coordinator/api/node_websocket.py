@@ -20,7 +20,7 @@ from hypercorn.typing import ASGIReceiveCallable as Receive
 from hypercorn.typing import ASGISendCallable as Send
 from hypercorn.typing import Scope
 
-from coordinator.runtime.node_socket import NodeSocket
+from coordinator.runtime.nodes.websocket import NodeSocket
 
 NODE_PATH = "/ws/node"
 

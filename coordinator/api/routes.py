@@ -43,8 +43,8 @@ from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unau
 from coordinator.runtime import instance_status
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.log_context import bind_log_ids, request_id_var
-from coordinator.runtime.task_handle import ChunkEvent, TaskHandle
-from coordinator.runtime.task_handle import DoneEvent as TaskDone
+from coordinator.runtime.requests.task_handle import ChunkEvent, TaskHandle
+from coordinator.runtime.requests.task_handle import DoneEvent as TaskDone
 from coordinator.store import ApiKey
 
 S = TypeVar("S", bound=msgspec.Struct)

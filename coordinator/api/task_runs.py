@@ -17,7 +17,7 @@ import trio
 
 from coordinator.errors import GemmaNetError
 from coordinator.runtime.instance import Instance
-from coordinator.runtime.task_handle import ChunkEvent, DoneEvent, TaskHandle
+from coordinator.runtime.requests.task_handle import ChunkEvent, DoneEvent, TaskHandle
 from protocol import Message, Options
 
 __all__ = [

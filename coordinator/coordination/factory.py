@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.coordination.base import Coordination
-from coordinator.coordination.bus import Bus, PubSubBus
-from coordinator.coordination.memory import MemoryCoordination
-from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
+from coordinator.coordination.bus.base import Bus, PubSubBus
+from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
+from coordinator.coordination.memory.coordination import MemoryCoordination
 
 if TYPE_CHECKING:
-    from coordinator.coordination.redis import RedisCoordination
+    from coordinator.coordination.redis.coordination import RedisCoordination
     from coordinator.settings import Settings
 
 __all__ = ["BUS_NAMES", "coordination_for", "create_bus", "create_coordination"]
@@ -66,8 +66,8 @@ def create_coordination(
     if not redis_url:
         return MemoryCoordination(clock)
     # Imported here: coredis costs a quarter of a second to import, memory users don't pay it.
-    from coordinator.coordination.redis import RedisCoordination
-    from coordinator.coordination.redis_tls import private_ca_context
+    from coordinator.coordination.redis.connect.tls import private_ca_context
+    from coordinator.coordination.redis.coordination import RedisCoordination
 
     # With a CA file, the server certificate is verified against it (README "Redis identities
     # and TLS"); without, coredis reads the rediss:// URL's ssl_* parameters itself.
@@ -93,7 +93,7 @@ def create_bus(
     if memory_hub is not None:
         return MemoryBus(hub=memory_hub, durable=name == "streams")
     if name == "streams":
-        from coordinator.coordination.streams_bus import StreamsBus
+        from coordinator.coordination.bus.streams import StreamsBus
 
         return StreamsBus(coordination)
     return PubSubBus(coordination)

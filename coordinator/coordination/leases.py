@@ -1,6 +1,6 @@
 """Capacity leases and the shared admission queue: the types of that part of the coordination
-interface, and the semantics every backend honours (``memory_leases.py`` is the reference,
-``redis_lease_scripts.py`` the same thing as Lua scripts on the server's clock).
+interface, and the semantics every backend honours (``memory/leases.py`` is the reference,
+``redis/lease_scripts.py`` the same thing as Lua scripts on the server's clock).
 
 * **Node facts** (``put_node_facts``) are written by the instance that owns a node's
   connection, when it connects and when its resident models change; ``drop_node_facts``

@@ -27,7 +27,7 @@ import trio
 
 from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.factory import create_coordination
-from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.monitor_types import (
     EPOCH_KEY,
     FACTS_AT_KEY,
@@ -36,7 +36,7 @@ from coordinator.coordination.monitor_types import (
     LEASE_KEY,
     accepted_key,
 )
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.errors import SettingsError, StartupRefused
 from coordinator.monitor.ollama_listing import OllamaListingHost
 from coordinator.monitor.takeover_run import RunResult, TakeoverRun

@@ -24,7 +24,7 @@ import trio
 
 from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.roles import TelemetryStore
-from coordinator.runtime.node_telemetry import HISTORY_LENGTH, history_ttl_s
+from coordinator.runtime.nodes.telemetry import HISTORY_LENGTH, history_ttl_s
 from coordinator.settings import Settings
 from protocol.telemetry import encode_sample, parse_sample
 

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
-from coordinator.coordination.bus import Bus
+from coordinator.coordination.bus.base import Bus
 from coordinator.core import cluster_view
 from coordinator.core.effects import (
     CallHost,
@@ -63,23 +63,23 @@ from coordinator.errors import (
 )
 from coordinator.hosts.facts_reader import HostFactsReader, direct_hosts
 from coordinator.hosts.host_calls import HostCalls
-from coordinator.runtime import task_log
-from coordinator.runtime.admission import Admissions
-from coordinator.runtime.bus_outbox import BusOutbox
-from coordinator.runtime.bus_reader import read_inbox
+from coordinator.runtime.cluster.bus_outbox import BusOutbox
+from coordinator.runtime.cluster.bus_reader import read_inbox
+from coordinator.runtime.cluster.membership import Membership
+from coordinator.runtime.cluster.ownership import Ownership, refresh_turns
+from coordinator.runtime.cluster.single_instance_lock import refuse_a_running_id
+from coordinator.runtime.cluster.supervision import Supervisor
 from coordinator.runtime.log_context import bind_log_ids
-from coordinator.runtime.membership import Membership
 from coordinator.runtime.metrics import Metrics
-from coordinator.runtime.node_facts import NodeFactsWriter
-from coordinator.runtime.node_heartbeats import NodeHeartbeats
-from coordinator.runtime.node_link import NodeLink
-from coordinator.runtime.node_socket import NodeSocket, serve_node_in
-from coordinator.runtime.node_telemetry import NodeTelemetry
-from coordinator.runtime.ownership import Ownership, refresh_turns
-from coordinator.runtime.requests import TaskRequests
-from coordinator.runtime.single_instance_lock import refuse_a_running_id
-from coordinator.runtime.supervision import Supervisor
-from coordinator.runtime.task_recorder import TaskRecorder
+from coordinator.runtime.nodes.facts import NodeFactsWriter
+from coordinator.runtime.nodes.heartbeats import NodeHeartbeats
+from coordinator.runtime.nodes.link import NodeLink
+from coordinator.runtime.nodes.telemetry import NodeTelemetry
+from coordinator.runtime.nodes.websocket import NodeSocket, serve_node_in
+from coordinator.runtime.requests import task_log
+from coordinator.runtime.requests.admission import Admissions
+from coordinator.runtime.requests.task_recorder import TaskRecorder
+from coordinator.runtime.requests.task_requests import TaskRequests
 from coordinator.settings import Settings
 from coordinator.store import Store
 from protocol import (

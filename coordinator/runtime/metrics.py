@@ -53,7 +53,7 @@ gemmanet_redis_errors_total                 counter    op; operations that faile
 gemmanet_peers_declared_dead_total          counter    peer instances this one judged dead
 gemmanet_gc_pause_seconds                   histogram  generation (0, 1, 2); the process's garbage
                                                        collections: the event loop stops for each
-                                                       (coordinator/gc_tuning.py)
+                                                       (coordinator/server/gc_tuning.py)
 ==========================================  =========  ===========================================
 
 Read at scrape time (``Instance.diagnostics``):

@@ -3,6 +3,16 @@ token usage), ratings.
 
 SQLAlchemy Core on a sync engine (SQLite by default, PostgreSQL by changing the URL); the
 async methods the server calls run in worker threads. Secrets are stored as SHA-256 digests.
+
+store.py       ``Store``: API keys, node tokens, finished tasks and their ratings
+engine.py      GEMMANET_DATABASE_URL as a configured engine with the tables in place
+schema.py      the tables, in SQLAlchemy Core, portable across SQLite and PostgreSQL
+migrations.py  columns added to existing tables after a database was first created
+records.py     the plain records the store hands out and takes in
+tokens.py      generating, hashing and comparing its secrets (API keys, node tokens)
+cache.py       a small bounded TTL cache of positive authentication results
+usage.py       token usage summed from the tasks table, per key and model, over a window
+errors.py      its errors (defined in ``coordinator.errors``: one hierarchy)
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ import sys
 import trio
 
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease
-from coordinator.coordination.redis import RedisCoordination
-from coordinator.coordination.redis_lease_scripts import ADMIT
-from coordinator.coordination.redis_scripts import LuaScript
+from coordinator.coordination.redis.coordination import RedisCoordination
+from coordinator.coordination.redis.lease_scripts import ADMIT
+from coordinator.coordination.redis.scripts import LuaScript
 
 REGISTRY = "instances"
 RULES = AdmissionRules(REGISTRY, 60.0, 60.0, 60.0, queue_max=100)

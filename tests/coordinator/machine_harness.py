@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
-from coordinator.coordination.memory_leases import LeaseTables
+from coordinator.coordination.memory.leases import LeaseTables
 from coordinator.core.admission import (
     AdmissionMachine,
     AskStore,

@@ -10,7 +10,7 @@ import pytest
 from coordinator.audit.findings import ConnectedNode, Observed, judge
 from coordinator.audit.observe import _connected_nodes
 from coordinator.capacity import parse_capacity
-from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.monitor_types import HostFacts, MonitorStatus
 from coordinator.core import registry
 from coordinator.settings import Settings

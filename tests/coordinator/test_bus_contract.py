@@ -23,11 +23,11 @@ import trio
 import trio.testing
 
 from coordinator.coordination import CoordinationUnavailable, Subscription
-from coordinator.coordination.bus import Bus, PubSubBus
-from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
-from coordinator.coordination.redis import RedisCoordination
-from coordinator.coordination.redis_cluster import key_slot, tagged_prefix
-from coordinator.coordination.streams_bus import StreamsBus
+from coordinator.coordination.bus.base import Bus, PubSubBus
+from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
+from coordinator.coordination.bus.streams import StreamsBus
+from coordinator.coordination.redis.connect.cluster import key_slot, tagged_prefix
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.coordinator.test_streams_bus import kill_listener_connection
 from tests.fixtures.redis_cluster import RedisClusterHandle
 

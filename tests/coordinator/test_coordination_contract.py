@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
-from coordinator.coordination.memory import MemoryCoordination, MemoryState
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination, MemoryState
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.fixtures.coordination_backend import SLACK, Backend, FakeClock
 from tests.fixtures.redis_server import RedisServer
 

@@ -19,7 +19,7 @@ from coordinator.coordination import (
     RateLimits,
     TelemetryStore,
 )
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.coordination.roles import ROLES
 
 MAX_METHODS = 12

@@ -1,4 +1,4 @@
-"""The coordinator process's garbage collector settings (coordinator/gc_tuning.py); their
+"""The coordinator process's garbage collector settings (coordinator/server/gc_tuning.py); their
 effect at 10,000 nodes is measured by ``python -m tools.bench.scale`` (README "Scale")."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator import gc_tuning
+from coordinator.server import gc_tuning
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The C heap of a coordinator process stays as large as what it holds (README "Load test": RSS
-over the steady phase): 4 KiB socket reads (coordinator/hypercorn_patches.py) and the periodic
-``malloc_trim`` (coordinator/heap_trim.py). Each case runs in a fresh interpreter, so the heap
+over the steady phase): 4 KiB socket reads (coordinator/server/hypercorn_patches.py) and the periodic
+``malloc_trim`` (coordinator/server/heap_trim.py). Each case runs in a fresh interpreter, so the heap
 it measures is its own; glibc only (``mallinfo2``, ``malloc_trim``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from coordinator import heap_trim
+from coordinator.server import heap_trim
 
 pytestmark = pytest.mark.skipif(not heap_trim.available(), reason="glibc's malloc_trim needed")
 
@@ -54,7 +54,7 @@ def test_reads_of_the_patched_size_keep_the_heap_to_what_it_holds() -> None:
     result = _run(
         """
         import collections, random, socket
-        from coordinator import hypercorn_patches
+        from coordinator.server import hypercorn_patches
         from hypercorn.trio import tcp_server
         hypercorn_patches.apply()
         size = tcp_server.MAX_RECV
@@ -97,7 +97,7 @@ def test_trim_hands_free_pages_inside_the_heap_back() -> None:
     result = _run(
         """
         import trio
-        from coordinator import heap_trim
+        from coordinator.server import heap_trim
         big, pins = [], []
         for _ in range(1500):
             big.append(bytes(60_000))  # C heap: above pymalloc's 512 B, below mmap's 128 KiB
@@ -150,5 +150,5 @@ print(json.dumps({"heaps": heaps}))
         )
         return int(result["heaps"])
 
-    assert threads_heaps("from coordinator import heap_trim\nassert heap_trim.one_arena()\n") == 1
+    assert threads_heaps("from coordinator.server import heap_trim\nassert heap_trim.one_arena()\n") == 1
     assert threads_heaps("") > 1  # what glibc does by default

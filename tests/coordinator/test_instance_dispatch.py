@@ -13,9 +13,9 @@ import random
 import pytest
 import trio
 
-from coordinator.coordination.bus import PubSubBus
+from coordinator.coordination.bus.base import PubSubBus
 from coordinator.coordination.leases import NodeFacts
-from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.core import registry
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.errors import NoNodeForModel
@@ -122,7 +122,7 @@ async def test_unreached_dispatch_with_no_other_node_is_503(autojump_clock) -> N
 async def test_stopping_the_instance_closes_its_node_sockets(autojump_clock) -> None:
     """Each node socket is a task of the instance nursery: stopping the instance ends it, so
     the WebSocket handler that waits on it returns (and the server closes the socket)."""
-    from coordinator.coordination.memory_bus import MemoryBus
+    from coordinator.coordination.bus.memory import MemoryBus
     from protocol import Hello, encode
     from sim.actors import InstanceSide, SocketPair
     from sim.faults import Gate

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from coordinator.coordination.leases import NodeFacts
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.coordinator.lease_hammer import RULES
 from tests.fixtures.redis_server import RedisServer
 

@@ -21,7 +21,7 @@ from coordinator.coordination.leases import (
     LeaseRelease,
     NodeFacts,
 )
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.fixtures.coordination_backend import SLACK, Backend
 from tests.fixtures.redis_server import RedisServer
 

@@ -1,5 +1,5 @@
 """A hypothesis stateful test of capacity leases and the admission queue against a small
-reference model written here (from ``leases.py``, independently of ``memory_leases.py``).
+reference model written here (from ``leases.py``, independently of ``memory/leases.py``).
 
 Random sequences of admissions (new requests and requests asking again, random candidates,
 models, sizes), renewals, expiries, releases, instances beating, leaving and falling silent,
@@ -44,8 +44,8 @@ from coordinator.coordination.leases import (
     LeaseRelease,
     NodeFacts,
 )
-from coordinator.coordination.memory import MemoryCoordination, MemoryState
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination, MemoryState
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.fixtures.coordination_backend import FakeClock
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.trio_portal import Portal

@@ -8,9 +8,9 @@ import trio
 import trio.testing
 
 from coordinator.coordination import CoordinationUnavailable, MemoryCoordination
-from coordinator.coordination.bus import PubSubBus
+from coordinator.coordination.bus.base import PubSubBus
+from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
 from coordinator.coordination.factory import create_bus
-from coordinator.coordination.memory_bus import MemoryBus, MemoryBusHub
 
 
 async def test_a_killed_durable_listener_stays_present_until_its_ttl(

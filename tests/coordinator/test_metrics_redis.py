@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from coordinator.coordination import CoordinationUnavailable
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.runtime.metrics import Metrics
 from tests.fixtures.redis_server import RedisServer
 

@@ -14,7 +14,7 @@ import trio
 from coordinator.app import run_instance
 from coordinator.capacity import Capacity, HostSpec, parse_capacity
 from coordinator.coordination import Coordination
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.errors import SettingsError
 from coordinator.monitor.loop import run_monitor
 from coordinator.settings import Settings

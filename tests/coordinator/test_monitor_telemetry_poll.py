@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from coordinator.capacity import Capacity, NodeBudget
-from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.monitor.loop import run_monitor
 from coordinator.settings import Settings
 from tests.fixtures.processes import CLI, ROOT, free_port

@@ -1,4 +1,4 @@
-"""The heartbeat interval of an instance's connections (coordinator/runtime/node_heartbeats.py);
+"""The heartbeat interval of an instance's connections (coordinator/runtime/nodes/heartbeats.py);
 end to end, over real sockets, in tests/e2e/test_heartbeat_rate.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import trio
 
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.runtime.node_heartbeats import RAISE_STEP, NodeHeartbeats
-from coordinator.runtime.node_link import NodeLink
+from coordinator.runtime.nodes.heartbeats import RAISE_STEP, NodeHeartbeats
+from coordinator.runtime.nodes.link import NodeLink
 from coordinator.settings import Settings
 
 

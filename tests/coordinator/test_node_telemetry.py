@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 import trio
 
-from coordinator.coordination.memory import MemoryCoordination
-from coordinator.runtime.node_telemetry import NodeTelemetry
+from coordinator.coordination.memory.coordination import MemoryCoordination
+from coordinator.runtime.nodes.telemetry import NodeTelemetry
 from protocol.telemetry import TelemetrySample, encode_sample, parse_sample
 
 

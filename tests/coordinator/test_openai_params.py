@@ -1,4 +1,4 @@
-"""OpenAI request bodies as a task's conversation and options (coordinator/api/openai_params.py):
+"""OpenAI request bodies as a task's conversation and options (coordinator/api/openai/params.py):
 roles and order kept, text parts joined, every sampling parameter mapped to its option, and a
 400 naming each parameter no node can honour."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.api.openai_params import chat_messages, completion_prompt, options_of
-from coordinator.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from coordinator.api.openai.params import chat_messages, completion_prompt, options_of
+from coordinator.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from coordinator.errors import UnsupportedContent, UnsupportedParameter
 from protocol import Message, Options
 

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 import trio
 import trio.testing
 
-from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.core import registry
 from coordinator.core.node_table import NodeConnection
-from coordinator.runtime.ownership import Ownership, refresh_turns
+from coordinator.runtime.cluster.ownership import Ownership, refresh_turns
 
 
 def conn(node_id: str, conn_id: str) -> NodeConnection:

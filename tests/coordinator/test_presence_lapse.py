@@ -1,5 +1,5 @@
 """After this instance's presence lapsed (peers may have declared it dead), it re-checks the
-ownership of all its nodes in one batched round trip (coordinator/runtime/supervision.py). One
+ownership of all its nodes in one batched round trip (coordinator/runtime/cluster/supervision.py). One
 round trip per node, inside the beat, kept a 3,334-node instance from its next beat for
 seconds, so the lapse fed itself (seen in the 10,000-node scale benchmark)."""
 
@@ -10,13 +10,13 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from coordinator.coordination.memory import MemoryCoordination
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.core import registry
 from coordinator.core.effects import Effect
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.runtime.ownership import Ownership
-from coordinator.runtime.supervision import Supervisor
+from coordinator.runtime.cluster.ownership import Ownership
+from coordinator.runtime.cluster.supervision import Supervisor
 from coordinator.settings import Settings
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import main
-from coordinator.coordination.redis_acl import instance_acl_rules
+from coordinator.coordination.redis.acl import instance_acl_rules
 from tests.fixtures.redis_server import RedisServer, _resp_command
 
 ServerFactory = Callable[..., RedisServer]
@@ -59,7 +59,7 @@ def test_the_acl_file_matches_the_generated_rules_and_loads(
 def test_every_command_a_lua_script_calls_is_granted() -> None:
     """A script that calls a command the rules leave out fails with NOPERM only when it runs,
     perhaps long after start-up: every ``redis.call('X'`` in the code must be in the list."""
-    from coordinator.coordination.redis_acl import INSTANCE_COMMANDS
+    from coordinator.coordination.redis.acl import INSTANCE_COMMANDS
 
     root = Path(__file__).resolve().parents[2] / "coordinator"
     called = {

@@ -19,12 +19,12 @@ import trio
 
 import coordinator.coordination as coordination_package
 from coordinator.coordination import CoordinationUnavailable
+from coordinator.coordination.bus.streams import StreamsBus
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
-from coordinator.coordination.redis import RedisCoordination
-from coordinator.coordination.redis_acl import instance_acl_rules
-from coordinator.coordination.redis_cluster import key_slot, plain_url, tagged_prefix
-from coordinator.coordination.redis_scripts import LuaScript
-from coordinator.coordination.streams_bus import StreamsBus
+from coordinator.coordination.redis.acl import instance_acl_rules
+from coordinator.coordination.redis.connect.cluster import key_slot, plain_url, tagged_prefix
+from coordinator.coordination.redis.coordination import RedisCoordination
+from coordinator.coordination.redis.scripts import LuaScript
 from coordinator.errors import SettingsError
 from coordinator.settings import Settings
 from tests.fixtures.redis_cluster import RedisClusterHandle
@@ -70,10 +70,11 @@ def test_cluster_urls() -> None:
 
 
 def _all_scripts() -> set[str]:
-    """Every LuaScript defined at module level in coordinator/coordination."""
+    """Every LuaScript defined at module level in coordinator/coordination and below."""
     names = set()
-    for module_info in pkgutil.iter_modules(coordination_package.__path__):
-        module = importlib.import_module(f"coordinator.coordination.{module_info.name}")
+    prefix = coordination_package.__name__ + "."
+    for module_info in pkgutil.walk_packages(coordination_package.__path__, prefix):
+        module = importlib.import_module(module_info.name)
         names.update(v.name for v in vars(module).values() if isinstance(v, LuaScript))
     return names
 

@@ -13,7 +13,7 @@ from coordinator.coordination import (
     MemoryCoordination,
     create_coordination,
 )
-from coordinator.coordination.redis import RedisCoordination, redact_url
+from coordinator.coordination.redis.coordination import RedisCoordination, redact_url
 from coordinator.errors import SettingsError
 from tests.fixtures.redis_server import RedisServer
 

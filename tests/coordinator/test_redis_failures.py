@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from coordinator.coordination import CoordinationUnavailable, create_coordination
-from coordinator.coordination.redis import BUS_CLIENTS, RedisCoordination
-from coordinator.coordination.redis_lean_subscription import LeanSubscription
+from coordinator.coordination.redis.coordination import BUS_CLIENTS, RedisCoordination
+from coordinator.coordination.redis.lean.subscription import LeanSubscription
 from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis

@@ -31,7 +31,7 @@ def bare(url: str, host: str = "127.0.0.1") -> str:
 
 async def roundtrip(url: str, ca_file: str, **tls: str) -> bytes | None:
     async with create_coordination(url, key_prefix="ca", ca_file=ca_file, **tls) as c:
-        # Pub/sub first: its lean client (redis_lean.py) opens its own TLS connections and
+        # Pub/sub first: its lean client (redis/lean/connection.py) opens its own TLS connections and
         # must verify (or refuse) them exactly as coredis does for everything else.
         async with c.subscribe("ch") as inbox:
             assert await c.publish("ch", b"over tls") == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.coordination.redis_sentinel import parse_sentinel_url
+from coordinator.coordination.redis.connect.sentinel import parse_sentinel_url
 from coordinator.errors import SettingsError
 from coordinator.settings import Settings
 

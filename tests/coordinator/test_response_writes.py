@@ -1,4 +1,4 @@
-"""One socket write per response (coordinator/hypercorn_patches.py): Hypercorn's HTTP/1.1
+"""One socket write per response (coordinator/server/hypercorn_patches.py): Hypercorn's HTTP/1.1
 protocol object driven directly, every write it asks the TCP server for recorded.
 
 A response that declares its length leaves in one write (head and body together); a streamed
@@ -13,7 +13,7 @@ from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.worker_context import WorkerContext
 
-from coordinator import hypercorn_patches
+from coordinator.server import hypercorn_patches
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -23,17 +23,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.capacity import parse_capacity
+from coordinator.coordination.bus.memory import MemoryBus
 from coordinator.coordination.leases import NodeFacts
-from coordinator.coordination.memory import MemoryCoordination
-from coordinator.coordination.memory_bus import MemoryBus
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.core import cluster_view, registry
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.core.placement import NodeView, rank_candidates
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
-from coordinator.runtime import node_facts
-from coordinator.runtime.membership import Membership
-from coordinator.runtime.ownership import Ownership
+from coordinator.runtime.cluster.membership import Membership
+from coordinator.runtime.cluster.ownership import Ownership
+from coordinator.runtime.nodes import facts as node_facts
 from coordinator.settings import Settings
 
 

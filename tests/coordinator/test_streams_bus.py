@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from coordinator.coordination import CoordinationUnavailable, MemoryCoordination, Subscription
-from coordinator.coordination.redis import RedisCoordination
-from coordinator.coordination.streams_bus import StreamsBus, listening_key, stream_key
+from coordinator.coordination.bus.streams import StreamsBus, listening_key, stream_key
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis

@@ -11,10 +11,15 @@ import msgspec
 import pytest
 import trio
 
-from coordinator.telemetry.nvml_gpu import NvmlGpus
-from coordinator.telemetry.sampler import LiveTelemetry, Sampler, combine_gpus, cpu_busy_between
-from coordinator.telemetry.sysfs_gpu import GpuReading, read_drm_gpus
 from protocol.telemetry import MAX_SAMPLE_BYTES, TelemetrySample, encode_sample, parse_sample
+from tools.node_agent.telemetry.nvml_gpu import NvmlGpus
+from tools.node_agent.telemetry.sampler import (
+    LiveTelemetry,
+    Sampler,
+    combine_gpus,
+    cpu_busy_between,
+)
+from tools.node_agent.telemetry.sysfs_gpu import GpuReading, read_drm_gpus
 
 GPU_FIELDS = ("gpu_busy", "vram_used_gb", "vram_total_gb", "gtt_used_gb", "gtt_total_gb")
 

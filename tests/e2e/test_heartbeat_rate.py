@@ -1,7 +1,7 @@
 """GEMMANET_HEARTBEAT_RATE: past that many node heartbeats a second, an instance tells new
 nodes a longer interval, and the nodes already connected in their next heartbeat; it sends its
 own heartbeat at that interval and judges a node silent after three of its intervals (issue 11:
-idle CPU that stops growing with the node count; coordinator/runtime/node_heartbeats.py).
+idle CPU that stops growing with the node count; coordinator/runtime/nodes/heartbeats.py).
 
 Here the base interval is 0.5 s and the rate 4/s: the first two nodes get 0.5 s, the third
 0.75 s and the fourth 1.0 s, and the instance raises everybody to 1.0 s."""
@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.runtime.node_heartbeats import heartbeat_interval
+from coordinator.runtime.nodes.heartbeats import heartbeat_interval
 from protocol import CloseCode, Heartbeat
 from tests.fixtures.processes import Processes, wait_until
 from tests.fixtures.raw_node import RawNode, raw_node

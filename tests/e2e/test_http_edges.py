@@ -1,5 +1,5 @@
 """HTTP/1.1 edges Hypercorn gets wrong on its own (issue 13, items 6 and 9), against a real
-``gemmanet serve`` over raw sockets: the workarounds live in coordinator/hypercorn_patches.py.
+``gemmanet serve`` over raw sockets: the workarounds live in coordinator/server/hypercorn_patches.py.
 
 * A client that asks to close (``Connection: close``, or HTTP/1.0 without keep-alive) sees EOF
   right after the response, so reading to EOF does not hang; keep-alive still works.

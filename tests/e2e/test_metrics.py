@@ -159,5 +159,5 @@ def test_metrics_port_serves_them_there_and_not_on_the_api_port(procs: Processes
     # The API's own requests are counted on the metrics port, the 404 above included.
     assert samples[("gemmanet_http_requests_total", (("route", "unmatched"), ("status", "404")))]
     assert httpx.get(f"http://127.0.0.1:{port}/other", timeout=10).status_code == 404
-    # The collection that froze start-up's objects was timed (coordinator/gc_tuning.py).
+    # The collection that froze start-up's objects was timed (coordinator/server/gc_tuning.py).
     assert samples[("gemmanet_gc_pause_seconds_count", (("generation", "2"),))] >= 1

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from coordinator.coordination.redis_acl import instance_acl_rules, parse_version
+from coordinator.coordination.redis.acl import instance_acl_rules, parse_version
 from tests.fixtures.processes import Coordinator, Processes, wait_until
 from tests.fixtures.redis_server import RedisServer
 

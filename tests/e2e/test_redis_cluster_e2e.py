@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from coordinator.coordination.redis_cluster import key_slot, tagged_prefix
+from coordinator.coordination.redis.connect.cluster import key_slot, tagged_prefix
 from tests.e2e import test_multi_instance as pubsub
 from tests.fixtures.processes import Processes
 from tests.fixtures.redis_cluster import RedisClusterHandle

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from coordinator.coordination import CoordinationUnavailable
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.fixtures.processes import Processes
 from tests.fixtures.redis_sentinel import DOWN_AFTER_MS, RedisSentinelGroup
 

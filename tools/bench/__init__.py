@@ -17,4 +17,14 @@ Each starts its own coordinator, node and ``redis-server`` processes on free loo
 (``_harness.py``), and kills them on exit (Ctrl-C included). The box they run on is usually
 shared and noisy, so the figures that matter are ratios and differences of things measured in
 alternating rounds of the same run.
+
+throughput.py      closed-loop request against /healthz, side by side
+cross_instance.py  the cross-instance hop against a local request, on each bus client
+failover.py        how fast a client learns that its task's instance is gone (kill -9)
+scale.py           the cost of a cluster as its number of nodes grows
+scale_fleet.py     thousands of light nodes in one process, for scale.py
+channels_probe.py  Django Channels' Redis pub/sub layer doing the same round trip (the peer)
+_harness.py        what the benchmarks share: their processes and a private redis-server
+_probes.py         raw round trips timed for scale beside the hop
+_profile.py        sampling profiles of running coordinators with py-spy
 """

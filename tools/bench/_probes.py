@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import trio
 
-from coordinator.coordination.redis import RedisCoordination
+from coordinator.coordination.redis.coordination import RedisCoordination
 from tools.bench._harness import ROOT
 
 REQUEST_TIMEOUT_S = 10.0

@@ -10,6 +10,13 @@ client library's request types, and every answer is built in its response types.
   (``python -m tools.fakes.ollama``); checked with the ``ollama`` library's types.
 * :class:`FakeOpenAI` - ``POST /v1/chat/completions`` and ``/v1/completions``, SSE
   (``python -m tools.fakes.openai``); checked with the ``openai`` SDK's types.
+
+ollama.py          the fake Ollama
+openai.py          the fake OpenAI-compatible server
+_server.py         the plumbing both share: a tiny ASGI base served by Hypercorn's trio worker
+_checks.py         checking a request body strictly against a client library's pydantic types
+_ollama_types.py   what the fake Ollama accepts and answers, in the ollama library's types
+_openai_types.py   what the fake OpenAI server accepts and answers, in the openai SDK's types
 """
 
 from typing import TYPE_CHECKING, Any

@@ -16,6 +16,17 @@ and PNG plots into ``--out``; exits 0 only when every criterion holds.
 * ``sampler`` - CPU and RSS of every process from /proc, once a second.
 * ``analysis`` - figures and criteria; ``plots`` - the PNGs (matplotlib, imported lazily).
 * ``runner`` - processes of each phase (through ``tools.bench._harness``), report, summary.
+
+runner.py    runs the phases, writes report.json and the plots, prints the summary
+profile.py   the load profile and its scaled-down variants, and the pass thresholds
+load.py      the load of one phase: ramp, steady rate, streams, the kill
+nodes.py     many simulated nodes (real node agents, echo backend) in one helper process
+journal.py   reading the node helpers' journals, incrementally
+sampler.py   CPU and RSS of named processes, sampled from /proc by a background thread
+analysis.py  the figures and verdicts of one phase
+plots.py     PNG plots of a report (matplotlib, imported only when plotting)
+progress.py  what the load test shows while it runs
+__main__.py  ``python -m tools.loadtest``
 """
 
 from __future__ import annotations

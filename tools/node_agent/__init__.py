@@ -6,17 +6,17 @@ OpenAI-compatible). It imports only ``protocol/`` (the envelopes, the model serv
 formats, the log line format) and its own modules, never the coordinator: a model host runs it
 without the server's dependencies (tests/coordinator/test_node_agent_imports.py).
 
-* ``cli`` - :func:`add_node_arguments` and :func:`run_node`, called by ``gemmanet node``.
-* ``agent`` - :class:`NodeAgent`: the connection, reconnect, heartbeat and drain logic.
-* ``config`` - :class:`AgentConfig`, the exits that end the agent, the reconnect backoff.
-* ``task_run`` - one task against the backend: its refusal, chunks, result or error.
-* ``backends`` - the model backends behind ``generate(request)``, and the httpx stream that
-  carries the wire formats of ``protocol/model_servers/``.
-* ``logs`` - the root log handler when the agent runs alone (``python -m tools.node_agent``).
-* ``settings`` - flag parsing and validation (:class:`NodeSettings`).
-* ``silence`` - the coordinator's silence, judged on the time this process ran (a stall of the
-  node's own machine is not a dead coordinator).
-* ``stats`` - what the node saw, counted at the node (``GEMMANET_NODE_STATS_FILE``).
+cli.py       ``gemmanet node``: flags, validation, signal handling, exit codes
+agent.py     ``NodeAgent``: the connection, reconnect, heartbeat and drain logic
+config.py    ``AgentConfig``, the exits that end the agent, the reconnect backoff
+settings.py  validated settings of one agent, parsed from command-line strings
+task_run.py  one task against the backend: its refusal, chunks, result or error
+backends.py  the model backends (echo, Ollama, OpenAI-compatible), one small class each
+silence.py   waiting for the coordinator's next message; deciding it has gone silent
+stats.py     what the agent saw, counted at the node
+logs.py      its log set-up when it runs alone
+__main__.py  ``python -m tools.node_agent``
+telemetry/   host telemetry samples (CPU, memory, GPUs) and ``gemmanet telemetry-agent``
 """
 
 from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent, backoff_delay

@@ -174,8 +174,8 @@ def telemetry_from_args(args: argparse.Namespace) -> HostTelemetry | None:
         raise UsageError("--telemetry-interval must be 0 or between 0.05 and 3600 seconds")
     # Imported here: psutil and the GPU readers are only needed by an agent that samples. The
     # sampler is the coordinator's (``gemmanet telemetry-agent`` serves the same samples); it
-    # loads coordinator/telemetry/ alone, none of the server stack (test_node_agent_imports.py).
-    from coordinator.telemetry.sampler import LiveTelemetry, Sampler
+    # loads tools/node_agent/telemetry/ alone, none of the server stack (test_node_agent_imports.py).
+    from tools.node_agent.telemetry.sampler import LiveTelemetry, Sampler
 
     root = Path(getattr(args, "telemetry_sysfs_root", "/sys"))
     return LiveTelemetry(Sampler(sysfs_root=root), interval)

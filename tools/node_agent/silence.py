@@ -7,7 +7,7 @@ the process runs again the deadline has passed while the coordinator's heartbeat
 in the socket. So the wait wakes every half interval; a wake-up that comes far later than asked
 means this process did not run meanwhile, and the deadline moves to one interval after it, for
 what waits in the socket to be read first. The coordinator judges nodes the same way
-(``coordinator/runtime/supervision.py``)."""
+(``coordinator/runtime/cluster/supervision.py``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,7 @@
+"""The lean pub/sub path: RESP parsed by hiredis over a trio socket, about a third of
+coredis's cost per message (single Redis; Cluster and Sentinel use coredis).
+
+connection.py    its RESP connection
+publisher.py     its PUBLISH: one writer that pipelines, replies handed back in order
+subscription.py  its SUBSCRIBE: the iterating task reads the socket itself
+"""

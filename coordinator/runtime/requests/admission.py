@@ -1,0 +1,266 @@
+"""Capacity leases and the shared admission queue, the shell's side.
+
+The requester machine asks for a lease (``Reserve``) and gives back what a request held
+(``ReleaseLease``); this module carries both out against the shared store
+(``Coordination.admit`` / ``release``, semantics in ``coordination/leases.py``):
+
+* ``reserve`` carries out what the admission machine (``core/admission.py``) decides for the
+  request: it asks the store, sleeps until the time the machine names (a wake for the model
+  cuts a wait short, ``BusWake`` from a peer or a local release), pokes the local waiters and
+  tells the peers it names, and feeds every outcome back in. Whether to queue, poll, look again
+  or give up, and in which order local waiters go, is the machine's. A client that leaves
+  stops waiting at once (the task is cancelled; the machine hears ``ended``).
+* ``release`` runs in the background, off the answer's path, and wakes the next in line.
+* ``renew`` keeps the leases of long tasks alive; a dead instance's leases heal by their TTL.
+* A store call that hangs is bounded here (``ADMIT_GIVE_UP_S``) and counts as unreachable:
+  ``503 coordination_unavailable`` (fail closed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import trio
+
+from coordinator.coordination import CoordinationUnavailable, Leases
+from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
+from coordinator.core import registry
+from coordinator.core.admission import (
+    AdmissionMachine,
+    AskStore,
+    Decision,
+    Failed,
+    Granted,
+    Left,
+    Queued,
+    Step,
+    Ticket,
+    WaitUntil,
+    WakeLocal,
+    WakePeer,
+    release_retry_in,
+    step_of,
+)
+from coordinator.core.effects import Effect, ReleaseLease, Reserve
+from coordinator.core.instance_machine import InstanceMachine
+from coordinator.core.placement import NodeView
+from coordinator.runtime.cluster.bus_outbox import BusOutbox
+from coordinator.runtime.metrics import Metrics
+from coordinator.settings import Settings
+from protocol import BusWake
+
+log = logging.getLogger("gemmanet.admission")
+
+#: queue and active-set entries of an instance silent this long stop counting
+REQUESTER_STALE_S = 10.0
+WAKE_GIVE_UP_S = 2.0
+#: one store call's bound (a store that hangs must not hold a request, nor a shutdown)
+ADMIT_GIVE_UP_S = 5.0
+
+
+def admission_rules(
+    *,
+    residency_stale_s: float,
+    lease_ttl_s: float,
+    queue_max: int,
+    max_active_per_key: int,
+) -> AdmissionRules:
+    return AdmissionRules(
+        presence_registry=registry.PRESENCE,
+        facts_stale_s=residency_stale_s,
+        requester_stale_s=REQUESTER_STALE_S,
+        lease_ttl_s=lease_ttl_s,
+        queue_max=queue_max,
+        max_active_per_key=max_active_per_key,
+    )
+
+
+class Admissions:
+    def __init__(
+        self,
+        settings: Settings,
+        coordination: Leases,
+        machine: InstanceMachine,
+        outbox: BusOutbox,
+        clock: Callable[[], float],
+        metrics: Metrics,
+    ) -> None:
+        self.me = settings.instance_id
+        self._metrics = metrics
+        self._settings = settings
+        self._coordination = coordination
+        self._machine = machine
+        self._outbox = outbox
+        self._clock = clock
+        self.rules = admission_rules(
+            residency_stale_s=settings.residency_stale_s,
+            lease_ttl_s=settings.lease_ttl_s,
+            queue_max=settings.queue_max,
+            max_active_per_key=settings.max_active_per_key,
+        )
+        self.waiters = AdmissionMachine(
+            self.me,
+            queue_timeout_s=settings.queue_timeout_s,
+            queue_max=settings.queue_max,
+            max_active_per_key=settings.max_active_per_key,
+        )
+        # Per waiting ticket, what cuts its wait short: set when the machine records a wake for
+        # it (``WakeLocal``), renewed when a wakeable wait ends (the machine consumes the wake
+        # then too), so a wake that came while it was asking or looking again after every
+        # candidate went away ends its next wakeable wait at once, as the machine expects.
+        self._wakes: dict[Ticket, trio.Event] = {}
+        self.lost_leases = 0
+
+    # -- taking a lease ---------------------------------------------------------------------
+
+    async def reserve(self, effect: Reserve) -> list[Effect]:
+        """Take a lease for the task, waiting for room; the machine's effects that follow."""
+        ticket = (effect.task_id, effect.attempt)
+        model = self._machine.requester.model_of(effect.task_id)
+        decisions = self.waiters.start(ticket, model, self._candidates(effect), self._clock())
+        if not decisions:
+            return []  # the request ended meanwhile
+        self._wakes[ticket] = trio.Event()
+        try:
+            while True:
+                step = self._carry_out(decisions)
+                if isinstance(step, AskStore):
+                    admission = await self._admit(effect, step)
+                    if admission is None:
+                        decisions = self.waiters.unreachable(ticket, self._clock())
+                    else:
+                        decisions = self.waiters.answer(ticket, admission, self._clock())
+                elif isinstance(step, WaitUntil):
+                    await self._wait(step)
+                    decisions = self.waiters.waited(ticket, self._candidates(effect), self._clock())
+                elif isinstance(step, Granted):
+                    self._metrics.lease_grants.inc()
+                    return self._machine.reserved(
+                        effect.task_id, effect.attempt, step.view, step.lease_id, self._clock()
+                    )
+                elif isinstance(step, Failed):
+                    self._metrics.lease_denials.labels(reason=step.reason).inc()
+                    return self._machine.reserve_failed(
+                        effect.task_id, effect.attempt, step.error, self._clock()
+                    )
+                else:
+                    return []  # the request ended meanwhile
+        finally:
+            # A no-op unless the wait was cut short from outside (the client left).
+            self._carry_out(self.waiters.ended(ticket, self._clock()))
+            del self._wakes[ticket]
+
+    def _candidates(self, effect: Reserve) -> list[NodeView] | None:
+        return self._machine.requester.candidates(effect.task_id, effect.attempt, self._clock())
+
+    def _carry_out(self, decisions: Sequence[Decision]) -> Step | None:
+        """Carry out what needs no waiting; the ticket's next step."""
+        for decision in decisions:
+            if isinstance(decision, WakeLocal):
+                wake = self._wakes.get(decision.ticket)
+                if wake is not None:
+                    wake.set()
+            elif isinstance(decision, WakePeer):
+                envelope = BusWake(model=decision.model)
+                self._outbox.send(decision.instance_id, envelope, give_up_in=WAKE_GIVE_UP_S)
+            elif isinstance(decision, Queued):
+                self._metrics.lease_denials.labels(reason="no_room").inc()
+                self._machine.requester.waiting(decision.ticket[0])
+            elif isinstance(decision, Left) and decision.queued_for is not None:
+                self._metrics.queue_wait.observe(decision.queued_for)
+        return step_of(decisions)
+
+    async def _wait(self, step: WaitUntil) -> None:
+        if not step.wakeable:
+            await trio.sleep_until(step.at)
+            return
+        with trio.move_on_at(step.at):
+            await self._wakes[step.ticket].wait()
+        self._wakes[step.ticket] = trio.Event()
+
+    async def _admit(self, effect: Reserve, step: AskStore) -> Admission | None:
+        """The store's answer (None: it could not be reached)."""
+        requester = self._machine.requester
+        model, candidates = step.model, step.candidates
+        cost = self._settings.capacity.cost(model)
+        ask = LeaseAsk(
+            request_id=effect.task_id,
+            instance_id=self.me,
+            key_id=requester.key_of(effect.task_id),
+            model=model,
+            model_gb=cost.resident_gb,
+            kv_gb=cost.kv_gb,
+            candidates=tuple((v.node_id, v.conn_id) for v in candidates),
+            lease_id=f"{effect.task_id}.{effect.attempt}",
+            queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
+        )
+        try:
+            # Shielded: a lease granted to a request that is being cancelled must still reach
+            # the machine (synchronously, in the caller), which gives it back. Bounded: a
+            # store that hangs must not hold up a shutdown (a lease granted meanwhile heals
+            # by its TTL).
+            with trio.CancelScope(shield=True), trio.move_on_after(ADMIT_GIVE_UP_S):
+                return await self._coordination.admit(ask, self.rules)
+            raise CoordinationUnavailable(f"no answer within {ADMIT_GIVE_UP_S:g} s")
+        except CoordinationUnavailable as exc:
+            log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
+            return None
+
+    # -- waking -----------------------------------------------------------------------------
+
+    def wake_local(self, model: str) -> None:
+        self._carry_out(self.waiters.wake_local(model))
+
+    def wake(self, model: str, instance_id: str) -> None:
+        self._carry_out(self.waiters.wake(model, instance_id))
+
+    def queued(self) -> dict[str, int]:
+        """This instance's waiting requests per model."""
+        return self.waiters.queued()
+
+    # -- giving back ------------------------------------------------------------------------
+
+    async def release(self, effect: ReleaseLease) -> None:
+        started_at = self._clock()
+        failures = 0
+        while True:
+            try:
+                heads = await self._coordination.release(
+                    LeaseRelease(
+                        request_id=effect.task_id,
+                        key_id=effect.key_id,
+                        model=effect.model,
+                        lease=effect.lease,
+                        wake_models=effect.wake_models,
+                    ),
+                    self.rules,
+                )
+                break
+            except CoordinationUnavailable as exc:
+                failures += 1
+                delay = release_retry_in(failures, started_at, self._clock())
+                if delay is None:
+                    log.warning("task %s: could not release its lease: %s", effect.task_id, exc)
+                    return
+                await trio.sleep(delay)
+        for model, instance_id in heads:
+            self.wake(model, instance_id)
+
+    async def renew(self) -> None:
+        """Keep this instance's leases alive while their tasks run."""
+        ttl = self.rules.lease_ttl_s
+        while True:
+            await trio.sleep(ttl / 3)
+            leases = self._machine.requester.leases()
+            if not leases:
+                continue
+            try:
+                held = await self._coordination.renew_leases(leases, ttl)
+            except CoordinationUnavailable as exc:
+                log.warning("could not renew %d capacity lease(s): %s", len(leases), exc)
+                continue
+            lost = [lease for lease, ok in zip(leases, held, strict=True) if not ok]
+            if lost:
+                self.lost_leases += len(lost)
+                log.warning("%d capacity lease(s) had expired before renewal", len(lost))

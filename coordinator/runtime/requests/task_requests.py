@@ -1,0 +1,227 @@
+"""The request side of an instance: the tasks its clients ask for, from placement to record.
+
+``TaskRequests.start`` builds the task's assign (its content checked against what a node can
+take, its timeout capped), hands it to the requester machine and waits while it is placed
+(its lease, its queue turn, its dispatch); ``end`` tells the machine the request is done
+(cancelling the task on its node if it still runs) and records it with its usage; ``open`` is
+both around a block. The HTTP routes use them through ``api/task_runs.py``; the simulator
+uses them as its clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import msgspec
+import trio
+
+from coordinator.coordination import RateLimits
+from coordinator.core.effects import Effect, TaskEvent
+from coordinator.core.instance_machine import InstanceMachine
+from coordinator.core.task_content import check_content_fits
+from coordinator.errors import GemmaNetError, NodeDisconnected, StoreError
+from coordinator.runtime.log_context import bind_log_ids
+from coordinator.runtime.metrics import Metrics
+from coordinator.runtime.requests import task_log
+from coordinator.runtime.requests.rate_limit import check_rate_limit
+from coordinator.runtime.requests.task_handle import TaskHandle, queued_failure
+from coordinator.runtime.requests.task_recorder import TaskRecorder
+from coordinator.settings import Settings
+from coordinator.store import Store
+from protocol import Assign, Message, Options
+
+__all__ = ["RequestHost", "TaskRequests"]
+
+log = logging.getLogger("gemmanet.instance")
+
+
+class RequestHost(Protocol):
+    """What the request side needs of its instance (``coordinator.runtime.instance.Instance``)."""
+
+    instance_id: str
+    settings: Settings
+    machine: InstanceMachine
+    metrics: Metrics
+    recorder: TaskRecorder
+    clock: Callable[[], float]
+    wall_clock: Callable[[], float]
+    #: task id -> the channel of the request waiting for its events
+    waiting: dict[str, trio.MemorySendChannel[TaskEvent]]
+
+    store: Store
+
+    @property
+    def coordination(self) -> RateLimits: ...
+
+    def new_id(self, prefix: str) -> str: ...
+    def apply(self, effects: list[Effect]) -> None: ...
+    async def carry_out(self, effects: list[Effect]) -> None: ...
+
+
+class TaskRequests:
+    def __init__(self, instance: RequestHost) -> None:
+        self._instance = instance
+
+    async def check_rate_limit(self, key_id: str) -> None:
+        """Raises RateLimited past the key's budget (one budget across every route)."""
+        inst = self._instance
+        await check_rate_limit(inst.coordination, inst.settings.rate_limit, key_id)
+
+    async def rate(self, task_id: str, key_id: str, score: int) -> None:
+        inst = self._instance
+        await inst.recorder.rate_task(task_id, key_id, score)
+        # Visible at once here; the other instances re-read the ratings every
+        # RATINGS_REFRESH_S (see the README's HTTP API section).
+        try:
+            inst.machine.set_ratings(await inst.store.node_ratings())
+        except StoreError as exc:
+            log.warning("could not re-read the node ratings after a rating: %s", exc)
+
+    async def start(
+        self,
+        *,
+        key_id: str,
+        model: str,
+        prompt: str | None = None,
+        messages: list[Message] | None = None,
+        options: Options | None = None,
+        stream: bool,
+        timeout_s: float | None,
+    ) -> TaskHandle:
+        """Place a task on a node and send it there. The caller must ``end`` the handle
+        (``open`` does it); a handle that is never ended is swept at its deadline.
+        The task runs on ``prompt`` or on ``messages`` (exactly one), with ``options``.
+        Raises NoNodeForModel when no node serves the model; waits in the admission queue
+        while none has room (AllNodesBusy after the queue timeout)."""
+        inst = self._instance
+        began = inst.clock()
+        try:
+            assign, deadline = self._assign(model, prompt, messages, options, stream, timeout_s)
+            handle = await self._place(key_id, assign, deadline)
+        except GemmaNetError as exc:
+            inst.metrics.task_refused(exc)
+            raise
+        except trio.Cancelled:
+            inst.metrics.task_outcome("client_gone")
+            raise
+        handle.began_at = began
+        return handle
+
+    def _assign(
+        self,
+        model: str,
+        prompt: str | None,
+        messages: list[Message] | None,
+        options: Options | None,
+        stream: bool,
+        timeout_s: float | None,
+    ) -> tuple[Assign, float]:
+        """The task's assign and its deadline; raises what refuses it before placement."""
+        if (prompt is None) == (messages is None):
+            raise ValueError("a task runs on exactly one of a prompt and messages")
+        check_content_fits(prompt, messages, options)
+        inst = self._instance
+        limit = inst.settings.task_timeout_s
+        timeout = min(timeout_s or limit, limit)
+        task_id = inst.new_id("t-")
+        # The rest of this request logs with its task (and, once placed, its node).
+        bind_log_ids(task_id=task_id, node_id=None)
+        assign = Assign(
+            task_id=task_id,
+            model=model,
+            prompt=prompt,
+            stream=stream,
+            timeout_s=timeout,
+            messages=msgspec.UNSET if messages is None else messages,
+            options=msgspec.UNSET if options is None or options.is_empty() else options,
+        )
+        return assign, inst.clock() + timeout
+
+    async def _place(self, key_id: str, assign: Assign, deadline: float) -> TaskHandle:
+        inst = self._instance
+        task_id = assign.task_id
+        send, receive = trio.open_memory_channel[TaskEvent](math.inf)
+        inst.waiting[task_id] = send
+        try:
+            await inst.carry_out(inst.machine.submit(assign, deadline, inst.clock(), key_id))
+        except BaseException:
+            inst.waiting.pop(task_id, None)
+            inst.apply(inst.machine.request_ended(task_id, "client_gone", inst.clock()))
+            raise
+        placement = inst.machine.requester.placement(task_id)
+        if placement is None:
+            # Every node it was placed on turned out gone before any of them saw it: the
+            # request gets that error now, like a placement that found no node at all.
+            inst.waiting.pop(task_id, None)
+            raise queued_failure(receive) or NodeDisconnected(f"task {task_id} could not be placed")
+        node_id, conn_id, owner = placement
+        bind_log_ids(node_id=node_id)
+        task_log.task_placed(task_id, node_id, owner)
+        return TaskHandle(
+            task_id=task_id,
+            node_id=node_id,
+            conn_id=conn_id,
+            owner_instance=owner,
+            events=receive,
+            deadline=deadline,
+            timeout_s=assign.timeout_s,
+            key_id=key_id,
+            model=assign.model,
+            stream=assign.stream,
+            created_at=inst.wall_clock(),
+        )
+
+    async def end(self, handle: TaskHandle, outcome: str) -> None:
+        """The request is done with its task (``outcome``: "ok" or an error code). Cancels it
+        on the node if it is still running, and records it. Idempotent."""
+        if handle.outcome is not None:
+            return
+        inst = self._instance
+        handle.outcome = outcome
+        local = handle.owner_instance == inst.instance_id
+        inst.metrics.task_ended(outcome, local=local, took_s=inst.clock() - handle.began_at)
+        if handle.done is not None and handle.done.usage is not None:
+            inst.metrics.tokens_used(handle.model, handle.done.usage)
+        task_log.task_ended(handle.task_id, handle.node_id, outcome)
+        inst.waiting.pop(handle.task_id, None)
+        inst.apply(inst.machine.request_ended(handle.task_id, outcome, inst.clock()))
+        inst.recorder.add(handle.record(inst.instance_id, finished_at=inst.wall_clock()))
+
+    @asynccontextmanager
+    async def open(
+        self,
+        *,
+        key_id: str,
+        model: str,
+        prompt: str | None = None,
+        messages: list[Message] | None = None,
+        options: Options | None = None,
+        stream: bool,
+        timeout_s: float | None,
+    ) -> AsyncIterator[TaskHandle]:
+        """``start`` … ``end`` as a block; leaving it early cancels the task."""
+        handle = await self.start(
+            key_id=key_id,
+            model=model,
+            prompt=prompt,
+            messages=messages,
+            options=options,
+            stream=stream,
+            timeout_s=timeout_s,
+        )
+        outcome = "internal_error"
+        try:
+            yield handle
+            outcome = "ok"
+        except GemmaNetError as exc:
+            outcome = exc.code
+            raise
+        except trio.Cancelled:
+            outcome = "client_gone"
+            raise
+        finally:
+            await self.end(handle, outcome)
