@@ -2,8 +2,11 @@
 
 What to send and how to read the answer is sans-IO, in ``protocol/model_servers/`` (the wire
 formats of Ollama and OpenAI-compatible servers, shared with the node agent). This opens the
-stream, turns a non-200 answer into its short ``HostError`` from a bounded read of the body,
-feeds the text lines to the call's reader, and maps httpx's errors to a ``HostError`` too. The
+stream, turns a non-200 answer into its short ``HostError`` from the body's first 4 KiB (then
+the connection is closed, the rest unread), feeds the body's bytes as they come to the shared
+line splitter and its lines to the call's reader, and maps httpx's errors to a ``HostError``
+too. The body is asked for unencoded and a compressed one refused, so what the bounds of
+``bounded_reads.py`` count (a line at most 1 MiB, a stream 128 MiB) is what the host sent. The
 node agent keeps its own copy of these few lines (``tools/node_agent/backends.py``): the
 coordinator must not import the tools, and the agent must not import the coordinator. The
 caller owns the ``httpx.AsyncClient`` (no read timeout on it: the task's timeout bounds a call).
@@ -16,7 +19,16 @@ from contextlib import aclosing
 
 import httpx
 
-from protocol.model_servers import Finish, HostError, ServerCall, bounded_body, short, status_error
+from protocol.model_servers import (
+    Finish,
+    HostError,
+    ServerCall,
+    bounded_body,
+    encoded,
+    lines_of,
+    short,
+    status_error,
+)
 
 __all__ = ["describe", "stream_call"]
 
@@ -27,11 +39,14 @@ async def stream_call(
     """The output deltas of ``call`` posted to ``base_url``, then its Finish."""
     try:
         async with client.stream(
-            "POST", f"{base_url}{call.path}", json=call.body, headers=dict(call.headers)
+            "POST", f"{base_url}{call.path}", json=call.body, headers=call.request_headers
         ) as response:
             if response.status_code != 200:
                 raise await _status_error(call.server, response)
-            async with aclosing(call.read(response.aiter_lines())) as items:
+            if encoded(response.headers.get("content-encoding")):
+                raise HostError(f"{call.server}: the answer came compressed, none was asked for")
+            lines = lines_of(response.aiter_bytes(), call.server)
+            async with aclosing(lines), aclosing(call.read(lines)) as items:
                 async for item in items:
                     yield item
     except httpx.HTTPError as exc:
@@ -39,10 +54,12 @@ async def stream_call(
 
 
 async def _status_error(server: str, response: httpx.Response) -> HostError:
-    try:
-        body = await bounded_body(response.aiter_bytes())
-    except httpx.HTTPError:
-        body = b""  # the status alone says enough
+    body = b""  # the status alone says enough, when the body cannot be read as it is
+    if not encoded(response.headers.get("content-encoding")):
+        try:
+            body = await bounded_body(response.aiter_bytes())
+        except httpx.HTTPError:
+            pass
     return status_error(server, response.status_code, body)
 
 

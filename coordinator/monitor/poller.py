@@ -4,7 +4,9 @@ Ollama: ``GET /api/ps`` (the models loaded in memory, ``size`` in bytes) and ``G
 /api/tags`` (the models it has). OpenAI-compatible: ``GET /v1/models``; an answer is the
 health check, and such a server does not say what is loaded, so ``resident`` stays empty.
 A host that does not answer in time, answers with an error, or answers nonsense is
-``reachable: false`` with an ``error``: a fact too (placement must not use it).
+``reachable: false`` with an ``error``: a fact too (placement must not use it). An answer is read
+as sent (asked for unencoded) and to ``MAX_BODY_BYTES`` (1 MiB, ``protocol/model_servers/``) at
+most, an error answer not at all: a host cannot make its monitor hold more than that.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import httpx
 import trio
 
 from coordinator.capacity import HostSpec
+from protocol.model_servers import MAX_BODY_BYTES, UNENCODED, encoded, load_json, whole_body
 
 __all__ = ["poll_host"]
 
@@ -26,11 +29,17 @@ class _BadAnswer(Exception):
 
 
 async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
-    response = await client.get(url)
-    if response.status_code != 200:
-        raise _BadAnswer(f"GET {url.rsplit('/', 2)[-2:]} answered HTTP {response.status_code}")
+    async with client.stream("GET", url, headers=UNENCODED) as response:
+        if response.status_code != 200:
+            where = url.rsplit("/", 2)[-2:]
+            raise _BadAnswer(f"GET {where} answered HTTP {response.status_code}")
+        if encoded(response.headers.get("content-encoding")):
+            raise _BadAnswer("the answer came compressed, none was asked for")
+        body = await whole_body(response.aiter_bytes())
+    if body is None:
+        raise _BadAnswer(f"the answer is longer than {MAX_BODY_BYTES:,} bytes")
     try:
-        return response.json()
+        return load_json(body)  # too deep a nesting too, which would crash the monitor
     except ValueError:
         raise _BadAnswer("the answer is not JSON") from None
 

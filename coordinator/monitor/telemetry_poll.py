@@ -26,6 +26,7 @@ from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.roles import TelemetryStore
 from coordinator.runtime.nodes.telemetry import HISTORY_LENGTH, history_ttl_s
 from coordinator.settings import Settings
+from protocol.model_servers import UNENCODED, encoded, whole_body
 from protocol.telemetry import encode_sample, parse_sample
 
 __all__ = ["poll_telemetry_agents", "run_telemetry_polls"]
@@ -37,16 +38,20 @@ MAX_ANSWER_BYTES = 16 * 1024
 
 
 async def _fetch(client: httpx.AsyncClient, url: str, timeout_s: float) -> bytes | None:
+    """The agent's answer, read to ``MAX_ANSWER_BYTES`` at most (None: no answer, or not one)."""
     try:
         with trio.fail_after(timeout_s):
-            response = await client.get(url)
+            async with client.stream("GET", url, headers=UNENCODED) as response:
+                if response.status_code != 200 or encoded(response.headers.get("content-encoding")):
+                    log.debug("telemetry agent %s answered %d", url, response.status_code)
+                    return None
+                body = await whole_body(response.aiter_bytes(), MAX_ANSWER_BYTES)
     except (httpx.HTTPError, trio.TooSlowError) as exc:
         log.debug("telemetry agent %s: %s", url, exc)
         return None
-    if response.status_code != 200 or len(response.content) > MAX_ANSWER_BYTES:
-        log.debug("telemetry agent %s answered %d", url, response.status_code)
-        return None
-    return response.content
+    if body is None:
+        log.debug("telemetry agent %s answered more than %d bytes", url, MAX_ANSWER_BYTES)
+    return body
 
 
 async def poll_telemetry_agents(

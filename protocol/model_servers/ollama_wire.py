@@ -11,13 +11,12 @@ client receives.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from protocol.conversation import FinishReason, Options
 from protocol.model_servers.generation import Finish, Generation
-from protocol.model_servers.server_call import HostError, ServerCall, short, usage_of
+from protocol.model_servers.server_call import HostError, ServerCall, load_json, short, usage_of
 
 __all__ = ["ollama_call", "ollama_request", "read_ollama_stream"]
 
@@ -105,11 +104,11 @@ def _record(line: str) -> dict[str, Any] | None:
     if not line.strip():
         return None
     try:
-        record = json.loads(line)
+        record = load_json(line)
     except ValueError:
-        raise HostError(f"ollama: malformed stream line {short(line)!r}") from None
+        raise HostError(short(f"ollama: malformed stream line {short(line)!r}")) from None
     if not isinstance(record, dict):
-        raise HostError(f"ollama: malformed stream line {short(line)!r}")
+        raise HostError(short(f"ollama: malformed stream line {short(line)!r}"))
     if record.get("error"):
         raise HostError(short(f"ollama: {record['error']}"))
     return record
@@ -121,12 +120,12 @@ def _piece(record: dict[str, Any], chat: bool) -> str | None:
         if message is None:
             return None
         if not isinstance(message, dict):
-            raise HostError(f"ollama: malformed message {short(repr(message))}")
+            raise HostError(short(f"ollama: malformed message {short(repr(message))}"))
         piece = message.get("content")
     else:
         piece = record.get("response")
     if piece is not None and not isinstance(piece, str):
-        raise HostError(f"ollama: malformed output {short(repr(piece))}")
+        raise HostError(short(f"ollama: malformed output {short(repr(piece))}"))
     return piece
 
 

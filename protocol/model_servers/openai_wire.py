@@ -12,13 +12,12 @@ receives.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from protocol.conversation import FinishReason, Message, Options, Usage
 from protocol.model_servers.generation import Finish, Generation
-from protocol.model_servers.server_call import HostError, ServerCall, short, usage_of
+from protocol.model_servers.server_call import HostError, ServerCall, load_json, short, usage_of
 
 __all__ = ["openai_call", "openai_request", "read_openai_stream"]
 
@@ -123,11 +122,11 @@ async def read_openai_stream(
 
 def _event(data: str) -> dict[str, Any]:
     try:
-        event = json.loads(data)
+        event = load_json(data)
     except ValueError:
-        raise HostError(f"openai: malformed event {short(data)!r}") from None
+        raise HostError(short(f"openai: malformed event {short(data)!r}")) from None
     if not isinstance(event, dict):
-        raise HostError(f"openai: malformed event {short(data)!r}")
+        raise HostError(short(f"openai: malformed event {short(data)!r}"))
     if event.get("error"):
         error = event["error"]
         message = error.get("message") if isinstance(error, dict) else error
@@ -142,7 +141,7 @@ def _piece(choice: dict[str, Any], chat: bool) -> str | None:
     else:
         piece = choice.get("text")
     if piece is not None and not isinstance(piece, str):
-        raise HostError(f"openai: malformed output {short(repr(piece))}")
+        raise HostError(short(f"openai: malformed output {short(repr(piece))}"))
     return piece
 
 

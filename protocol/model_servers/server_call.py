@@ -4,17 +4,18 @@ it, one short error for every way a server can fail, and the reading of the coun
 A :class:`ServerCall` is one ``POST`` that always streams, even for a task that does not: the
 caller joins the deltas, and cancelling the caller drops the connection, which stops the
 generation at once. The caller owns the HTTP client and the connection: it posts ``body`` to
-``path`` with ``headers``, and on a 200 feeds the response's text lines to ``read``, which yields
-the output deltas and then one ``Finish``; on any other status it hands the first
-``MAX_ERROR_BODY_BYTES`` of the body (``bounded_body``) to ``status_error``. Every failure of the
-server surfaces as :class:`HostError` with a short, loggable message; the caller maps its own
-client's connection errors to one too. Anything else escaping is a bug.
+``path`` with ``request_headers``, and on a 200 feeds the response's text lines to ``read``,
+which yields the output deltas and then one ``Finish``; on any other status it hands the first
+``MAX_ERROR_BODY_BYTES`` of the body to ``status_error``. How much of an answer is read, lines
+and bodies, is ``bounded_reads.py``. Every failure of the server surfaces as :class:`HostError`
+with a short, loggable message; the caller maps its own client's connection errors to one too.
+Anything else escaping is a bug.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +23,10 @@ from protocol.conversation import Usage
 from protocol.model_servers.generation import Finish
 
 __all__ = [
-    "MAX_ERROR_BODY_BYTES",
+    "UNENCODED",
     "HostError",
     "ServerCall",
-    "bounded_body",
+    "load_json",
     "short",
     "status_error",
     "token_count",
@@ -33,8 +34,9 @@ __all__ = [
 ]
 
 _MAX_ERROR_CHARS = 200
-#: how much of an error response is read: enough for any server's message, never a whole page
-MAX_ERROR_BODY_BYTES = 4096
+#: what every request to a model server asks, so that the bytes its caller counts (every bound of
+#: bounded_reads.py) are the bytes the server sent, not what they inflate to
+UNENCODED = {"Accept-Encoding": "identity"}
 # Usage travels in the bus and node envelopes, whose decoders refuse counts past this bound:
 # a host reporting more must not turn a good answer into an undecodable result.
 _MAX_TOKEN_COUNT = 2**53 - 1
@@ -58,26 +60,30 @@ class ServerCall:
     read: StreamReader
     headers: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """``headers``, and the ask for an answer as it is (``UNENCODED``): what to send."""
+        return {**self.headers, **UNENCODED}
+
 
 def short(text: str) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
 
 
-async def bounded_body(chunks: AsyncIterable[bytes]) -> bytes:
-    """The first ``MAX_ERROR_BODY_BYTES`` of an error response, read no further than that."""
-    body = b""
-    async for piece in chunks:
-        body += piece
-        if len(body) >= MAX_ERROR_BODY_BYTES:
-            break
-    return body[:MAX_ERROR_BODY_BYTES]
+def load_json(data: str | bytes) -> Any:
+    """``data`` parsed as JSON, or ValueError. Nesting too deep for the parser is malformed too:
+    a few KiB of ``[`` make ``json.loads`` raise RecursionError, which no caller expects."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def status_error(server: str, status: int, body: bytes) -> HostError:
     """The HostError of a non-200 answer, with the server's own message when it gave one."""
     try:
-        payload: Any = json.loads(body)
+        payload: Any = load_json(body)
     except ValueError:
         payload = None
     error = payload.get("error") if isinstance(payload, dict) else None

@@ -390,6 +390,9 @@ _DONE = b'{"done": true, "done_reason": "stop", "prompt_eval_count": 1, "eval_co
             Finish(usage=None, finish_reason="length"),
         ),
         ("ollama", 500, b"x" * 1_000_000, "ollama: HTTP 500: xxx"),
+        # Nested too deep for json.loads (RecursionError): malformed, not a crash.
+        ("ollama", 200, b"[" * 100_000 + b"\n", "malformed stream line '[[["),
+        ("ollama", 500, b"[" * 100_000, "ollama: HTTP 500: [[["),
         ("openai", 200, b'data: {"choices": [\n\n', "malformed event"),
         ("openai", 200, b"data: [1]\n\n", "malformed event"),
         ("openai", 200, b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n', "before [DONE]"),
@@ -409,6 +412,7 @@ _DONE = b'{"done": true, "done_reason": "stop", "prompt_eval_count": 1, "eval_co
             Finish(usage=Usage(prompt_tokens=2, completion_tokens=1), finish_reason=None),
         ),
         ("openai", 502, b'{"error": {"message": "' + b"y" * 100_000 + b'"}}', "HTTP 502"),
+        ("openai", 200, b"data: " + b"[" * 100_000 + b"\n\n", "malformed event '[[["),
     ],
 )
 async def test_what_a_host_garbles_is_a_short_host_error_or_read_with_care(

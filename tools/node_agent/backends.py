@@ -16,9 +16,12 @@ else escaping a backend is a bug. Backends own their HTTP client and are closed 
 
 Both HTTP backends send the conversation as it is and the options under the server's own names.
 The wire formats are sans-IO in ``protocol/model_servers/``, shared with the coordinator's direct
-hosts; what is left here is the httpx stream that carries them (``_HttpBackend._stream``). The
-coordinator has its own copy of those few lines (``coordinator/hosts/host_client.py``): the agent
-imports nothing of the coordinator, so a model host runs it without the server's dependencies.
+hosts, and so are the bounds of every read (``bounded_reads.py``: a stream line at most 1 MiB, a
+stream 128 MiB, an error body 4 KiB, ``/api/ps`` 1 MiB); what is left here is the httpx stream
+that carries them (``_HttpBackend._stream``, the body asked for unencoded, its bytes fed in as
+they come). The coordinator has its own copy of those few lines
+(``coordinator/hosts/host_client.py``): the agent imports nothing of the coordinator, so a model
+host runs it without the server's dependencies.
 """
 
 from __future__ import annotations
@@ -35,15 +38,20 @@ import trio
 
 from protocol import FinishReason, Usage, transcript
 from protocol.model_servers import (
+    UNENCODED,
     Finish,
     Generation,
     HostError,
     ServerCall,
     bounded_body,
+    encoded,
+    lines_of,
+    load_json,
     ollama_call,
     openai_call,
     short,
     status_error,
+    whole_body,
 )
 from tools.node_agent.settings import (
     DEFAULT_OLLAMA_URL,
@@ -184,11 +192,16 @@ class _HttpBackend:
         """The output deltas of ``call``, then its Finish; every failure a BackendError."""
         try:
             async with self._client.stream(
-                "POST", f"{self.base_url}{call.path}", json=call.body, headers=dict(call.headers)
+                "POST", f"{self.base_url}{call.path}", json=call.body, headers=call.request_headers
             ) as response:
                 if response.status_code != 200:
                     raise await _status_error(call.server, response)
-                async with aclosing(call.read(response.aiter_lines())) as items:
+                if encoded(response.headers.get("content-encoding")):
+                    raise HostError(
+                        f"{call.server}: the answer came compressed, none was asked for"
+                    )
+                lines = lines_of(response.aiter_bytes(), call.server)
+                async with aclosing(lines), aclosing(call.read(lines)) as items:
                     async for item in items:
                         yield item
         except httpx.HTTPError as exc:
@@ -196,10 +209,12 @@ class _HttpBackend:
 
 
 async def _status_error(server: str, response: httpx.Response) -> HostError:
-    try:
-        body = await bounded_body(response.aiter_bytes())
-    except httpx.HTTPError:
-        body = b""  # the status alone says enough
+    body = b""  # the status alone says enough, when the body cannot be read as it is
+    if not encoded(response.headers.get("content-encoding")):
+        try:
+            body = await bounded_body(response.aiter_bytes())
+        except httpx.HTTPError:
+            pass
     return status_error(server, response.status_code, body)
 
 
@@ -224,10 +239,16 @@ class OllamaBackend(_HttpBackend):
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         """``GET /api/ps``: the models Ollama holds in memory now."""
         try:
-            response = await self._client.get(f"{self.base_url}/api/ps", timeout=2.0)
-            response.raise_for_status()
-            loaded = {m.get("name") for m in response.json().get("models", [])}
-        except (httpx.HTTPError, ValueError, AttributeError):
+            async with self._client.stream(
+                "GET", f"{self.base_url}/api/ps", headers=UNENCODED, timeout=2.0
+            ) as response:
+                if response.status_code != 200 or encoded(response.headers.get("content-encoding")):
+                    return None
+                body = await whole_body(response.aiter_bytes())
+            if body is None:
+                return None  # more than any list of loaded models
+            loaded = {m.get("name") for m in load_json(body).get("models", [])}
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
             return None
         return [m for m in models if m in loaded]
 
