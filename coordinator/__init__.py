@@ -3,6 +3,7 @@
 app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
 versions.py       the check that a dependency is a release our workarounds know
 cli.py            the ``gemmanet`` command line
+cli_help.py       its help: the settings each command lists, -v on every command
 settings.py       GEMMANET_* environment settings
 capacity.py       the operator file: per-node budgets and the model catalog
 logging_setup.py  GEMMANET_LOG_FORMAT: the root log handler, text or one JSON object per line

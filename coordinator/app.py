@@ -55,7 +55,7 @@ async def run_instance(
             if settings.redis_url and not settings.multi_instance:
                 await nursery.start(
                     lambda task_status: hold_single_instance_lock(
-                        coordination,
+                        coordination.key_value,
                         settings.instance_id,
                         ttl_s=settings.lock_ttl_s,
                         task_status=task_status,
@@ -68,18 +68,27 @@ async def run_instance(
                 # A monitor candidate in this instance (README "Monitor and fencing").
                 from coordinator.monitor.loop import run_monitor
 
-                await nursery.start(run_monitor, coordination, settings, settings.instance_id)
+                await nursery.start(
+                    run_monitor,
+                    coordination.monitor,
+                    coordination.telemetry,
+                    settings,
+                    settings.instance_id,
+                )
             if settings.redis_url:
                 try:
-                    await refuse_mixed_modes(coordination, settings)
+                    await refuse_mixed_modes(
+                        coordination.key_value, coordination.presence, settings
+                    )
                 except StartupRefused:
                     await instance.leave()
                     raise
             log.info(
-                "instance %s serving (coordination: %s%s)",
+                "instance %s serving (coordination: %s%s; database: %s)",
                 settings.instance_id,
                 coordination.kind,
                 ", multi-instance" if settings.multi_instance else "",
+                store.safe_url,
             )
             task_status.started(instance)
             if stop is None:

@@ -36,6 +36,8 @@ _HOST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 __all__ = ["HOST_KINDS", "Capacity", "HostSpec", "ModelCost", "NodeBudget", "load_capacity"]
 
+#: the tables of the operator file; anything else at its top level is refused
+TABLES = ("models", "nodes", "hosts")
 #: what a direct host speaks: Ollama's API or the OpenAI-compatible one
 HOST_KINDS = ("ollama", "openai")
 MAX_HOST_WEIGHT = 1000.0
@@ -127,7 +129,15 @@ def parse_capacity(text: str, source: str = "the capacity file") -> Capacity:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{source} is not valid TOML: {exc}") from None
-    _check_keys(source, data, {"models", "nodes", "hosts", "telemetry"})
+    unknown = sorted(set(data) - set(TABLES))
+    if unknown:
+        tables = all(isinstance(data[name], dict) for name in unknown)
+        names = ", ".join(f"[{n}]" if isinstance(data[n], dict) else repr(n) for n in unknown)
+        known = ", ".join(f"[{name}]" for name in TABLES[:-1]) + f" and [{TABLES[-1]}]"
+        raise SettingsError(
+            f"{source} has unknown {'table(s)' if tables else 'top-level key(s)'} {names}: the "
+            f"operator file knows only the tables {known}"
+        )
     models = {}
     for name, raw in _table(f"{source}: [models]", data.get("models", {})).items():
         where = f'{source}: models."{name}"'

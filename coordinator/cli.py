@@ -5,48 +5,59 @@ It is the top of the program (tests/test_layers.py): it wires the commands of si
 as well as the coordinator's, but imports those packages only inside the functions that parse
 or run one of their commands, and only for the command given, so ``gemmanet serve`` loads
 neither the simulator (nor the pytest that ``trio.testing`` brings) nor the tools, and the
-coordinator never depends on the packages built on it."""
+coordinator never depends on the packages built on it. The coordinator's own modules are
+imported the same way, so ``gemmanet --help`` and ``--version`` load argparse and nothing of
+the server stack (tests/coordinator/test_cli_help.py)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from coordinator.errors import SettingsError, StartupRefused
-from coordinator.logging_setup import (
-    configure_logging,
-    json_logging_active,
-    log_format_from_env,
-    register_startup_secrets,
+from coordinator import __version__
+from coordinator.cli_help import (
+    AUDIT_SETTINGS,
+    MONITOR_SETTINGS,
+    listen_arguments,
+    one_line,
+    settings_epilog,
+    verbose_everywhere,
 )
-from coordinator.settings import Settings
-from coordinator.store import StoreError
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def _fail(message: str, code: int = 1) -> int:
+    from coordinator.logging_setup import json_logging_active
+
     if json_logging_active():  # every line of stderr stays JSON
-        logging.getLogger("gemmanet.cli").error(message)
+        import logging
+
+        logging.getLogger("gemmanet.cli").error(one_line(message))
     else:
-        print(f"gemmanet: {message}", file=sys.stderr)
+        print(f"gemmanet: {one_line(message)}", file=sys.stderr)
     return code
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from coordinator.server.listen import check_port
+
+    port = check_port("--port", args.port, any_free=True)
+    from coordinator.logging_setup import register_startup_secrets
     from coordinator.server.serve import serve
+    from coordinator.settings import Settings
 
     settings = Settings.from_env()
     register_startup_secrets(
         database_url=settings.database_url, redis_password_file=settings.redis_password_file
     )
-    return serve(settings, host=args.host, port=args.port)
+    return serve(settings, host=args.host, port=port)
 
 
 def _keys_create(args: argparse.Namespace) -> int:
+    from coordinator.settings import Settings
     from coordinator.store import Store, check_key_name
 
     try:
@@ -65,6 +76,7 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 
 def _nodes_enroll(args: argparse.Namespace) -> int:
+    from coordinator.settings import Settings
     from coordinator.store import Store, check_node_id
 
     try:
@@ -88,9 +100,11 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from coordinator.server.listen import check_port
     from tools.demo import run_demo
 
-    return run_demo(host=args.host, port=args.port, state_dir=args.state_dir)
+    port = check_port("--port", args.port)
+    return run_demo(host=args.host, port=port, state_dir=args.state_dir)
 
 
 def _loadtest(args: argparse.Namespace) -> int:
@@ -106,23 +120,40 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _telemetry_agent(args: argparse.Namespace) -> int:
-    from tools.node_agent.telemetry.agent_server import run_telemetry_agent
+    from coordinator.errors import StartupRefused
+    from coordinator.server.listen import check_port, check_port_free
 
+    port = check_port("--port", args.port)
     if not 0.05 <= args.interval <= 3600:
         return _fail("--interval must be between 0.05 and 3600 seconds", 2)
-    return run_telemetry_agent(
-        host=args.host, port=args.port, interval_s=args.interval, sysfs_root=args.sysfs_root
-    )
+    check_port_free(args.host, port)  # a bad host or a port in use: one line, exit 1
+    from tools.node_agent.telemetry.agent_server import run_telemetry_agent
+
+    try:
+        return run_telemetry_agent(
+            host=args.host, port=port, interval_s=args.interval, sysfs_root=args.sysfs_root
+        )
+    except (OSError, BaseExceptionGroup) as exc:
+        # The port taken between the check and Hypercorn's bind (in the task tree's groups).
+        reason: BaseException = exc
+        while isinstance(reason, BaseExceptionGroup):
+            reason = reason.exceptions[0]
+        if not isinstance(reason, OSError):
+            raise
+        cause = reason.strerror or reason
+        raise StartupRefused(f"cannot listen on {args.host}:{port}: {cause}") from None
 
 
 def _monitor(args: argparse.Namespace) -> int:
     from coordinator.monitor.command import run_monitor_command
+    from coordinator.settings import Settings
 
     return run_monitor_command(Settings.from_env(), candidate=args.id, events=args.events)
 
 
 def _prove_takeover(args: argparse.Namespace) -> int:
     from coordinator.monitor.prove_takeover import run_prove_takeover
+    from coordinator.settings import Settings
 
     return run_prove_takeover(Settings.from_env(), repeat=args.repeat, gate=args.handover_gate)
 
@@ -171,6 +202,7 @@ def _redis_acl(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     from coordinator.audit.command import run_audit_command
+    from coordinator.settings import Settings
 
     return run_audit_command(Settings.from_env(), as_json=args.json, probe=args.probe)
 
@@ -192,21 +224,6 @@ def _add_audit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "probe is a warning, reachability itself comes from the monitor's facts (default: off)",
     )
     audit.set_defaults(handler=_audit)
-
-
-def _listen_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address the HTTP and WebSocket server listens on; 0.0.0.0 for every interface "
-        "(default 127.0.0.1)",
-    )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=8000,
-        help="TCP port of the HTTP API and /ws/node (default 8000)",
-    )
 
 
 def _node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -244,14 +261,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gemmanet", description="GemmaNet coordinator, node agent and tools"
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, before or after the command"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"gemmanet {__version__}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser(
         "serve",
-        help="run one coordinator instance (settings: GEMMANET_* variables, see docs/interface.md)",
+        help="run one coordinator instance (its --help lists the GEMMANET_* settings it reads)",
     )
-    _listen_arguments(serve)
+    listen_arguments(serve)
+    if wanted("serve"):
+        settings_epilog(serve, None)
     serve.set_defaults(handler=_serve)
 
     keys = sub.add_parser("keys", help="client API keys").add_subparsers(
@@ -264,8 +288,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     create.add_argument(
         "--admin",
         action="store_true",
-        help="an operator key: also sees node details on /system-health and /api/v1/cluster",
+        help="an operator key: also sees node details and the queue per model on "
+        "/system-health and /api/v1/cluster",
     )
+    if wanted("keys"):
+        settings_epilog(create, ("database_url",))
     create.set_defaults(handler=_keys_create)
 
     nodes = sub.add_parser("nodes", help="node identities").add_subparsers(
@@ -275,6 +302,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     enroll.add_argument(
         "--node-id", required=True, metavar="ID", help="the identity the node will connect as"
     )
+    if wanted("nodes"):
+        settings_epilog(enroll, ("database_url",))
     enroll.set_defaults(handler=_nodes_enroll)
 
     node = sub.add_parser("node", help="run a node agent that serves tasks")
@@ -285,7 +314,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="coordinator + demo API key + one echo node, and a curl line to try"
     )
-    _listen_arguments(demo)
+    listen_arguments(demo)
     demo.add_argument(
         "--state-dir",
         type=Path,
@@ -305,7 +334,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "telemetry-agent", help="serve this machine's CPU, memory and GPU telemetry as JSON"
     )
     telemetry.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    telemetry.add_argument("--port", type=int, default=9105, help="TCP port (default 9105)")
+    telemetry.add_argument("--port", default=9105, help="TCP port, 1-65535 (default 9105)")
     telemetry.add_argument(
         "--interval",
         type=float,
@@ -351,13 +380,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     _add_monitor_commands(sub)
     _add_audit_command(sub)
+    for name, fields in (("monitor", MONITOR_SETTINGS), ("audit", AUDIT_SETTINGS)):
+        if wanted(name):
+            settings_epilog(sub.choices[name], fields)
+    verbose_everywhere(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(_command_of(argv))
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # --help and --version exit here, having loaded nothing
+    from coordinator.errors import SettingsError, StartupRefused, StoreError
+    from coordinator.logging_setup import configure_logging, log_format_from_env
+
     try:
         log_format = log_format_from_env()
     except SettingsError as exc:

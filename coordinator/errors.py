@@ -25,7 +25,8 @@ error code and, where a node socket closes because of it, its close code.
     │   ├── NoNodeForModel              no_node_for_model
     │   ├── AllNodesBusy                all_nodes_busy
     │   ├── CoordinationUnavailable     coordination_unavailable, close 1013: the backend
-    │   │                               cannot be reached (raised by the backends)
+    │   │   │                           cannot be reached (raised by the backends)
+    │   │   └── CoordinationTimeout         it did not answer in time: slow, not known down
     │   ├── CoordinationDown            coordination_unavailable: a request failed for it
     │   └── StoreUnavailable*           store_unavailable
     ├── TaskTimedOut                504 task_timeout
@@ -49,6 +50,7 @@ __all__ = [
     "AlreadyRated",
     "Conflict",
     "CoordinationDown",
+    "CoordinationTimeout",
     "CoordinationUnavailable",
     "Forbidden",
     "GemmaNetError",
@@ -223,6 +225,18 @@ class CoordinationUnavailable(Unavailable):
     def client_message(self) -> str:
         # The message names the backend's address, which is for the log only.
         return COORDINATION_DOWN_MESSAGE
+
+
+class CoordinationTimeout(CoordinationUnavailable):
+    """The backend did not answer in time: it may be slow rather than down, and the operation
+    may still be carried out (a timed-out write can land later). Refused or closed connections
+    and error replies are plain ``CoordinationUnavailable``. Callers that can wait (admission,
+    the rate limit) retry these within a bound (``core/admission.py``). ``silent_for_s``: how
+    long the backend had answered no call of this process at all (None: not known)."""
+
+    def __init__(self, message: str, *, silent_for_s: float | None = None) -> None:
+        super().__init__(message)
+        self.silent_for_s = silent_for_s
 
 
 class CoordinationDown(Unavailable):

@@ -9,17 +9,20 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from coordinator.capacity import Capacity, load_capacity
 from coordinator.core.liveness import LivenessTiming
 from coordinator.errors import SettingsError
-from coordinator.store import DEFAULT_DATABASE_URL
 from protocol.constraints import MAX_IDENTIFIER_LENGTH, MAX_TIMEOUT_S, is_identifier
 
+#: GEMMANET_DATABASE_URL unset: an SQLite file in the working directory. (Here rather than in
+#: coordinator/store/, so that reading the settings, and every command's --help, loads no
+#: SQLAlchemy.)
+DEFAULT_DATABASE_URL = "sqlite:///./gemmanet.db"
 _PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 # A heartbeat slower than this would leave a dead node's tasks hanging for minutes.
@@ -162,97 +165,127 @@ def _port(name: str, raw: str) -> int:
     return int(raw)
 
 
+#: Settings field -> (its GEMMANET_* variable, the parser that checks a value of it). The one
+#: list of the variables: ``from_env`` reads it, and the commands' ``--help`` lists it
+#: (``variables_help``).
+VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "database_url": ("GEMMANET_DATABASE_URL", lambda n, v: v),
+    "redis_url": ("GEMMANET_REDIS_URL", _redis_url),
+    "redis_password_file": ("GEMMANET_REDIS_PASSWORD_FILE", _readable_file),
+    # rediss:// verified against a private CA, optionally with a client certificate.
+    "redis_ca_file": ("GEMMANET_REDIS_CA_FILE", _readable_file),
+    "redis_cert_file": ("GEMMANET_REDIS_CERT_FILE", _readable_file),
+    "redis_key_file": ("GEMMANET_REDIS_KEY_FILE", _readable_file),
+    "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
+    "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
+    "redis_bus_client": (
+        "GEMMANET_REDIS_BUS_CLIENT",
+        lambda n, v: _choice(n, v, REDIS_BUS_CLIENTS),
+    ),
+    "key_prefix": ("GEMMANET_KEY_PREFIX", _name),
+    "instance_id": ("GEMMANET_INSTANCE_ID", _identifier),
+    "rate_limit": ("GEMMANET_RATE_LIMIT", lambda n, v: parse_rate_limit(v)),
+    "task_timeout_s": (
+        "GEMMANET_TASK_TIMEOUT_S",
+        lambda n, v: _number(n, v, minimum=0.1, maximum=MAX_TIMEOUT_S),
+    ),
+    "heartbeat_interval_s": (
+        "GEMMANET_HEARTBEAT_S",
+        lambda n, v: _number(n, v, minimum=0.05, maximum=MAX_HEARTBEAT_S),
+    ),
+    "heartbeat_rate": (
+        "GEMMANET_HEARTBEAT_RATE",
+        lambda n, v: _number(n, v, minimum=0.0, maximum=1e6),
+    ),
+    "alive_ttl_s": (
+        "GEMMANET_ALIVE_TTL_S",
+        lambda n, v: _number(n, v, minimum=0.1, maximum=60.0),
+    ),
+    "sweep_s": ("GEMMANET_SWEEP_S", lambda n, v: _number(n, v, minimum=0.05, maximum=60.0)),
+    "capacity": ("GEMMANET_CAPACITY_FILE", lambda n, v: load_capacity(v)),
+    "queue_timeout_s": (
+        "GEMMANET_QUEUE_TIMEOUT_S",
+        lambda n, v: _number(n, v, minimum=0.0, maximum=MAX_TIMEOUT_S),
+    ),
+    "queue_max": ("GEMMANET_QUEUE_MAX", lambda n, v: _whole(n, v, minimum=0)),
+    "max_active_per_key": ("GEMMANET_MAX_ACTIVE_PER_KEY", lambda n, v: _whole(n, v, minimum=1)),
+    "residency_stale_s": (
+        "GEMMANET_RESIDENCY_STALE_S",
+        lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
+    ),
+    "lease_ttl_s": (
+        "GEMMANET_LEASE_TTL_S",
+        lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
+    ),
+    # /metrics on a port of its own (README "Metrics and the rollout check").
+    "metrics_port": ("GEMMANET_METRICS_PORT", _port),
+    "metrics_host": ("GEMMANET_METRICS_HOST", lambda n, v: v),
+    "telemetry_interval_s": (
+        "GEMMANET_TELEMETRY_INTERVAL_S",
+        lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
+    ),
+    # The elected residency monitor (README "Monitor and fencing").
+    "monitor": ("GEMMANET_MONITOR", _flag),
+    "monitor_poll_s": (
+        "GEMMANET_MONITOR_POLL_S",
+        lambda n, v: _number(n, v, minimum=0.05, maximum=3600.0),
+    ),
+    "monitor_ttl_s": (
+        "GEMMANET_MONITOR_TTL_S",
+        lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
+    ),
+    "monitor_retry_s": (
+        "GEMMANET_MONITOR_RETRY_S",
+        lambda n, v: _number(n, v, minimum=0.05, maximum=3600.0),
+    ),
+    "monitor_poll_timeout_s": (
+        "GEMMANET_MONITOR_POLL_TIMEOUT_S",
+        lambda n, v: _number(n, v, minimum=0.05, maximum=600.0),
+    ),
+    "monitor_unfenced": ("GEMMANET_MONITOR_UNFENCED", _flag),
+    "allow_test_switches": ("GEMMANET_ALLOW_TEST_SWITCHES", _flag),
+}
+
+
 def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
     """The fields the environment sets, parsed and checked; unset or blank variables are left
     out so that their fields keep their defaults."""
-
-    def get(name: str) -> str | None:
-        raw = env.get(name, "").strip()
-        return raw or None
-
-    parsers: dict[str, tuple[str, Callable[[str, str], object]]] = {
-        "database_url": ("GEMMANET_DATABASE_URL", lambda n, v: v),
-        "redis_url": ("GEMMANET_REDIS_URL", _redis_url),
-        "redis_password_file": ("GEMMANET_REDIS_PASSWORD_FILE", _readable_file),
-        # rediss:// verified against a private CA, optionally with a client certificate.
-        "redis_ca_file": ("GEMMANET_REDIS_CA_FILE", _readable_file),
-        "redis_cert_file": ("GEMMANET_REDIS_CERT_FILE", _readable_file),
-        "redis_key_file": ("GEMMANET_REDIS_KEY_FILE", _readable_file),
-        "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
-        "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
-        "redis_bus_client": (
-            "GEMMANET_REDIS_BUS_CLIENT",
-            lambda n, v: _choice(n, v, REDIS_BUS_CLIENTS),
-        ),
-        "key_prefix": ("GEMMANET_KEY_PREFIX", _name),
-        "instance_id": ("GEMMANET_INSTANCE_ID", _identifier),
-        "rate_limit": ("GEMMANET_RATE_LIMIT", lambda n, v: parse_rate_limit(v)),
-        "task_timeout_s": (
-            "GEMMANET_TASK_TIMEOUT_S",
-            lambda n, v: _number(n, v, minimum=0.1, maximum=MAX_TIMEOUT_S),
-        ),
-        "heartbeat_interval_s": (
-            "GEMMANET_HEARTBEAT_S",
-            lambda n, v: _number(n, v, minimum=0.05, maximum=MAX_HEARTBEAT_S),
-        ),
-        "heartbeat_rate": (
-            "GEMMANET_HEARTBEAT_RATE",
-            lambda n, v: _number(n, v, minimum=0.0, maximum=1e6),
-        ),
-        "alive_ttl_s": (
-            "GEMMANET_ALIVE_TTL_S",
-            lambda n, v: _number(n, v, minimum=0.1, maximum=60.0),
-        ),
-        "sweep_s": ("GEMMANET_SWEEP_S", lambda n, v: _number(n, v, minimum=0.05, maximum=60.0)),
-        "capacity": ("GEMMANET_CAPACITY_FILE", lambda n, v: load_capacity(v)),
-        "queue_timeout_s": (
-            "GEMMANET_QUEUE_TIMEOUT_S",
-            lambda n, v: _number(n, v, minimum=0.0, maximum=MAX_TIMEOUT_S),
-        ),
-        "queue_max": ("GEMMANET_QUEUE_MAX", lambda n, v: _whole(n, v, minimum=0)),
-        "max_active_per_key": ("GEMMANET_MAX_ACTIVE_PER_KEY", lambda n, v: _whole(n, v, minimum=1)),
-        "residency_stale_s": (
-            "GEMMANET_RESIDENCY_STALE_S",
-            lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
-        ),
-        "lease_ttl_s": (
-            "GEMMANET_LEASE_TTL_S",
-            lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
-        ),
-        # /metrics on a port of its own (README "Metrics and the rollout check").
-        "metrics_port": ("GEMMANET_METRICS_PORT", _port),
-        "metrics_host": ("GEMMANET_METRICS_HOST", lambda n, v: v),
-        "telemetry_interval_s": (
-            "GEMMANET_TELEMETRY_INTERVAL_S",
-            lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
-        ),
-        # The elected residency monitor (README "Monitor and fencing").
-        "monitor": ("GEMMANET_MONITOR", _flag),
-        "monitor_poll_s": (
-            "GEMMANET_MONITOR_POLL_S",
-            lambda n, v: _number(n, v, minimum=0.05, maximum=3600.0),
-        ),
-        "monitor_ttl_s": (
-            "GEMMANET_MONITOR_TTL_S",
-            lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
-        ),
-        "monitor_retry_s": (
-            "GEMMANET_MONITOR_RETRY_S",
-            lambda n, v: _number(n, v, minimum=0.05, maximum=3600.0),
-        ),
-        "monitor_poll_timeout_s": (
-            "GEMMANET_MONITOR_POLL_TIMEOUT_S",
-            lambda n, v: _number(n, v, minimum=0.05, maximum=600.0),
-        ),
-        "monitor_unfenced": ("GEMMANET_MONITOR_UNFENCED", _flag),
-        "allow_test_switches": ("GEMMANET_ALLOW_TEST_SWITCHES", _flag),
-    }
     values: dict[str, Any] = {}
-    for field_name, (variable, parse) in parsers.items():
-        raw = get(variable)
-        if raw is not None:
+    for field_name, (variable, parse) in VARIABLES.items():
+        raw = env.get(variable, "").strip()
+        if raw:
             values[field_name] = parse(variable, raw)
     return values
+
+
+# Defaults that are no plain value of their field.
+_SHOWN_DEFAULTS = {
+    "instance_id": "random (i- + 8 hex)",
+    "capacity": "unset",
+    "max_active_per_key": "unlimited",
+}
+
+
+def shown_default(field_name: str) -> str:
+    """The default of a field as ``--help`` and docs/interface.md write it, from the field."""
+    if field_name in _SHOWN_DEFAULTS:
+        return _SHOWN_DEFAULTS[field_name]
+    value: object = next(f.default for f in fields(Settings) if f.name == field_name)
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):  # rate_limit: (count, period)
+        count, period = value
+        unit = next((name for name, s in _PERIODS.items() if s == period), None)
+        return f"{count}/{unit}" if unit else f"{count}/{period:g}s"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def variables_help(field_names: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """(variable, default) of every GEMMANET_* setting, or of the fields named, in order."""
+    names = list(VARIABLES) if field_names is None else list(field_names)
+    return [(VARIABLES[name][0], shown_default(name)) for name in names]
 
 
 @dataclass(frozen=True)
@@ -351,6 +384,12 @@ class Settings:
             stall_slack_s=self.stall_slack_s,
             responsive_rtt_s=self.responsive_rtt_s,
         )
+
+    @property
+    def store_outage_s(self) -> float:
+        """How long the coordination store may go without answering before a request fails
+        closed (``core/liveness.py``, ``store_outage_bound_s``): the failover bound."""
+        return self.liveness_timing().store_outage_s
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)

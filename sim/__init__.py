@@ -1,7 +1,8 @@
 """Deterministic simulator: several real coordinator instances, many nodes and clients in one
 process on virtual time (trio's MockClock), every choice drawn from one seed.
 
-    world.py       builds the cluster and drives traffic and faults; the entry point
+    world.py       builds the cluster, starts the clients and plays the faults; the entry point
+    traffic.py     the simulated clients: requests to live instances, and what each one got
     faults.py      the fault plan drawn from the seed, and the wrappers that inject faults
     invariants.py  properties checked as the run goes (add one: a class and a list entry)
     trace.py       the event trace, its digest, trace files for replay

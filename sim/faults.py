@@ -1,27 +1,34 @@
 """Faults: the plan drawn from the seed, and the wrappers through which they strike.
 
 Each instance reaches the shared coordination state and the bus through ``FaultyCoordination``
-and ``FaultyBus``: a freeze holds every call of that instance until it thaws (a SIGSTOP seen
-from outside), a store outage makes every call fail like an unreachable Redis, and bus chaos
-drops, delays or duplicates envelopes in flight. The bus (a ``MemoryBus``) meets the freeze and
-the outage through ``FaultyCoordination.passage``, its ``before_io`` hook, and its inbox through
-``FaultyBus.listen``, so both strike the bus exactly as they strike the store."""
+(each of its roles behind a ``Road``) and ``FaultyBus``: a freeze holds every call of that
+instance until it thaws (a SIGSTOP seen from outside), a store outage makes every call fail
+like an unreachable Redis, and bus chaos drops, delays or duplicates envelopes in flight. The
+bus (a ``MemoryBus``) meets the freeze and the outage through ``FaultyCoordination.passage``,
+its ``before_io`` hook, and its inbox through ``FaultyBus.listen``, so both strike the bus
+exactly as they strike the store."""
 
 from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable, Subscription
 from coordinator.coordination.bus.base import Bus
 from coordinator.coordination.bus.memory import MemoryBus
-from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseRelease,
+    NodeFacts,
+)
 from coordinator.coordination.roles import ROLES
 
 
@@ -115,51 +122,112 @@ class AdmissionObserver(Protocol):
 
 
 def _gated(name: str) -> Callable[..., Awaitable[Any]]:
-    """The method ``name``: this instance's passage, then the inner backend's ``name``. One
+    """The method ``name``: this instance's passage, then the inner role's ``name``. One
     passage per call, as one call is one round trip on Redis (``swap_many``'s swaps and bump
     land together)."""
 
-    async def gated(self: FaultyCoordination, /, *args: Any, **kwargs: Any) -> Any:
-        await self.passage()
+    async def gated(self: Road, /, *args: Any, **kwargs: Any) -> Any:
+        await self.faults.passage()
         return await getattr(self.inner, name)(*args, **kwargs)
 
     gated.__name__ = gated.__qualname__ = name
     return gated
 
 
-# Written out in FaultyCoordination below: they do more than pass the gate.
-_HAND_WRITTEN = frozenset({"keys_with_prefix", "admit", "release", "ping", "aclose"})
-# Not gated as one call: base.py's defaults loop over ``refresh_if`` / ``put_node_facts``, so
-# each key meets the gate (and may meet an outage) on its own. The simulator has always run
-# them that way; gating them once would change every trace and verdict.
-_BASE_DEFAULTS = frozenset({"refresh_many", "put_many_node_facts"})
+class Road:
+    """One role of one instance's coordination: every call meets the instance's passage
+    (``FaultyCoordination.passage``) first, then goes on to the inner backend's role object.
+    ``roads`` makes one subclass per role with a gated method for each of the role's async
+    methods; the subclasses below write out what does more."""
+
+    def __init__(self, inner: Any, faults: FaultyCoordination) -> None:
+        self.inner, self.faults = inner, faults
 
 
-def _gated_roles() -> type:
-    """A mixin with a gated method for every async method of every role (``subscribe``, the
-    one that is not async, is FaultyCoordination's own)."""
+class _KeyValueRoad(Road):
+    refresh_if: Callable[..., Awaitable[bool]]  # gated, by ``road_class``
+
+    async def keys_with_prefix(self, prefix: str) -> list[str]:
+        # The interface promises any order; sorting keeps callers' iteration, and so the
+        # trace, independent of how the inner backend happens to order its keys.
+        await self.faults.passage()
+        return sorted(await self.inner.keys_with_prefix(prefix))
+
+    async def refresh_many(self, expected: Sequence[tuple[str, bytes]], ttl_s: float) -> list[bool]:
+        # Not gated as one call: each key meets the gate (and may meet an outage) on its own,
+        # as the simulator has always run it; gating it once would change every trace.
+        return [await self.refresh_if(key, value, ttl_s) for key, value in expected]
+
+
+class _LeasesRoad(Road):
+    put_node_facts: Callable[..., Awaitable[None]]  # gated, by ``road_class``
+
+    async def put_many_node_facts(self, facts: Sequence[NodeFacts]) -> None:
+        # One node at a time through the gate, like ``refresh_many`` above.
+        for one in facts:
+            await self.put_node_facts(one)
+
+    async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
+        await self.faults.passage()
+        admission: Admission = await self.inner.admit(ask, rules)
+        if self.faults.observer is not None:
+            self.faults.observer.admitted(ask, admission)
+        return admission
+
+    async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
+        observer = self.faults.observer
+        if observer is not None and release.model:
+            observer.left(release.request_id)  # the request is over, whether this succeeds
+        await self.faults.passage()
+        heads: list[tuple[str, str]] = await self.inner.release(release, rules)
+        return heads
+
+
+class _PubSubRoad(Road):
+    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
+        return self._subscribe(channel)
+
+    @asynccontextmanager
+    async def _subscribe(self, channel: str) -> AsyncIterator[Subscription]:
+        faults = self.faults
+        await faults.passage()
+        epoch = faults.store.epoch
+        async with self.inner.subscribe(channel) as inner:
+            yield _FaultySubscription(inner, faults, epoch)
+
+
+def road_class(role: type, base: type[Road] = Road) -> type[Road]:
+    """``base`` with a gated method for every async method of ``role`` it does not write out
+    itself."""
     methods = {
         name: _gated(name)
-        for role in ROLES
         for name, member in vars(role).items()
         if not name.startswith("_")
         and inspect.iscoroutinefunction(member)
-        and name not in _HAND_WRITTEN | _BASE_DEFAULTS
+        and not hasattr(base, name)
     }
-    return type("_GatedRoles", (), methods)
+    return type(f"Faulty{role.__name__}", (base,), methods)
 
 
-# Typed Any so that mypy takes FaultyCoordination's methods (and their signatures) from
-# Coordination, and does not see it as abstract: the mixin implements them at run time.
-_GatedRoles: Any = _gated_roles()
+_WRITTEN_OUT: dict[str, type[Road]] = {
+    "key_value": _KeyValueRoad,
+    "leases": _LeasesRoad,
+    "pubsub": _PubSubRoad,
+}
+#: the road of each role (``roles.ROLES``: the attribute of the bundle -> its Protocol)
+ROADS: dict[str, type[Road]] = {
+    attribute: road_class(role, _WRITTEN_OUT.get(attribute, Road))
+    for attribute, role in ROLES.items()
+}
 
 
-class FaultyCoordination(_GatedRoles, Coordination):  # type: ignore[misc]  # Any base, above
-    """Every call of a role's method passes ``passage`` (the freeze, then a store outage) and
-    goes on to ``inner``; the mixin generates those from ``ROLES``. Written out here is only
-    what does more."""
+class FaultyCoordination(Coordination):
+    """A bundle whose every role is the inner bundle's behind a ``Road``: each call passes
+    ``passage`` (the freeze, then a store outage) and goes on to the inner role object."""
 
     kind = "memory+faults"
+    #: the road class of each role; a subclass may swap one (sim/monitors.py does)
+    roads: ClassVar[dict[str, type[Road]]] = ROADS
 
     def __init__(
         self,
@@ -171,6 +239,8 @@ class FaultyCoordination(_GatedRoles, Coordination):  # type: ignore[misc]  # An
     ) -> None:
         self.inner, self.gate, self.store = inner, gate, store
         self.observer = observer
+        for attribute in ROLES:
+            setattr(self, attribute, self.roads[attribute](getattr(inner, attribute), self))
 
     async def passage(self) -> None:
         """What every call of this instance meets first: its freeze, then a store outage."""
@@ -181,35 +251,6 @@ class FaultyCoordination(_GatedRoles, Coordination):  # type: ignore[misc]  # An
     def check_cut(self, epoch: int) -> None:
         if self.store.down or self.store.epoch != epoch:
             raise CoordinationUnavailable("simulated loss of the subscription")
-
-    async def keys_with_prefix(self, prefix: str) -> list[str]:
-        # The interface promises any order; sorting keeps callers' iteration, and so the
-        # trace, independent of how the inner backend happens to order its keys.
-        await self.passage()
-        return sorted(await self.inner.keys_with_prefix(prefix))
-
-    async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
-        await self.passage()
-        admission = await self.inner.admit(ask, rules)
-        if self.observer is not None:
-            self.observer.admitted(ask, admission)
-        return admission
-
-    async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
-        if self.observer is not None and release.model:
-            self.observer.left(release.request_id)  # the request is over, whether this succeeds
-        await self.passage()
-        return await self.inner.release(release, rules)
-
-    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
-        return self._subscribe(channel)
-
-    @asynccontextmanager
-    async def _subscribe(self, channel: str) -> AsyncIterator[Subscription]:
-        await self.passage()
-        epoch = self.store.epoch
-        async with self.inner.subscribe(channel) as inner:
-            yield _FaultySubscription(inner, self, epoch)
 
     async def ping(self) -> None:
         # Reachability is the passage alone; the inner ping would add a checkpoint to every

@@ -18,7 +18,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import trio
@@ -33,7 +33,7 @@ from coordinator.monitor.election import Candidacy
 from coordinator.monitor.loop import run_monitor
 from coordinator.monitor.timing import check_monitor_bound
 from coordinator.settings import Settings
-from sim.faults import Fault, FaultyCoordination, Gate, StoreState
+from sim.faults import ROADS, Fault, FaultyCoordination, Gate, Road, StoreState
 from sim.trace import Trace
 
 #: monitor timing scaled to the simulator's short runs; it passes the production start-up
@@ -112,9 +112,50 @@ def host_transport(hosts: dict[str, SimHost], observed_at: dict[str, float]) -> 
     return httpx.MockTransport(handle)
 
 
+# The gated monitor road of sim/faults.py, built at run time from the role's Protocol.
+_MonitorRoad: type[Road] = ROADS["monitor"]
+
+
+class WatchedMonitor(_MonitorRoad):  # type: ignore[misc,valid-type]  # a class built at run time
+    """A monitor's road to the store that tells the trace what the store did with each acquire
+    and fact write."""
+
+    faults: WatchedCoordination
+
+    async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
+        claim: MonitorClaim = await super().monitor_acquire(candidate, ttl_s)
+        if claim.held:
+            self.faults.trace.emit("monitor.acquired", candidate=candidate, epoch=claim.epoch)
+        return claim
+
+    async def write_host_facts(
+        self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool = True
+    ) -> bool:
+        accepted: bool = await super().write_host_facts(
+            candidate, epoch, host_id, record, fenced=fenced
+        )
+        watched = self.faults
+        # No checkpoint since the write: this is the state the write left.
+        status = watched.state.monitor.status()
+        watched.trace.emit(
+            "monitor.write",
+            candidate=candidate,
+            epoch=epoch,
+            host=host_id,
+            accepted=accepted,
+            current_epoch=status.epoch,
+            holder=status.holder,
+            observed_at=round(watched.observed_at.get(host_id, -1.0), 6),
+            reachable=bool(json.loads(record).get("reachable")),
+        )
+        return accepted
+
+
 class WatchedCoordination(FaultyCoordination):
-    """A monitor's road to the store (its own freeze gate, the run's store outages) that tells
-    the trace what the store did with each acquire and fact write."""
+    """A monitor's road to the store (its own freeze gate, the run's store outages) whose
+    monitor role is a ``WatchedMonitor``."""
+
+    roads: ClassVar[dict[str, type[Road]]] = {**ROADS, "monitor": WatchedMonitor}
 
     def __init__(
         self,
@@ -126,34 +167,6 @@ class WatchedCoordination(FaultyCoordination):
     ) -> None:
         super().__init__(MemoryCoordination(trio.current_time, state=state), gate, store)
         self.state, self.trace, self.observed_at = state, trace, observed_at
-
-    async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
-        # The gated mixin of sim/faults.py implements it at run time; mypy sees only the ABC.
-        claim = await super().monitor_acquire(candidate, ttl_s)  # type: ignore[safe-super]
-        if claim.held:
-            self.trace.emit("monitor.acquired", candidate=candidate, epoch=claim.epoch)
-        return claim
-
-    async def write_host_facts(
-        self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool = True
-    ) -> bool:
-        accepted = await super().write_host_facts(  # type: ignore[safe-super]
-            candidate, epoch, host_id, record, fenced=fenced
-        )
-        # No checkpoint since the write: this is the state the write left.
-        status = self.state.monitor.status()
-        self.trace.emit(
-            "monitor.write",
-            candidate=candidate,
-            epoch=epoch,
-            host=host_id,
-            accepted=accepted,
-            current_epoch=status.epoch,
-            holder=status.holder,
-            observed_at=round(self.observed_at.get(host_id, -1.0), 6),
-            reachable=bool(json.loads(record).get("reachable")),
-        )
-        return accepted
 
 
 @dataclass
@@ -209,7 +222,8 @@ class MonitorCast:
         task_status: trio.TaskStatus[Candidacy] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         await run_monitor(
-            monitor.coordination,
+            monitor.coordination.monitor,
+            monitor.coordination.telemetry,
             self.settings,
             monitor.name,
             emit=partial(self._emit, monitor.name),
@@ -239,8 +253,8 @@ class MonitorCast:
             try:
                 # the epoch first: the facts are then judged in the same step as they are
                 # read (an epoch newer than the read only makes a host look older: safe)
-                epoch = (await reader.monitor_status()).epoch or None
-                facts = await reader.host_facts()
+                epoch = (await reader.monitor.monitor_status()).epoch or None
+                facts = await reader.monitor.host_facts()
             except CoordinationUnavailable:
                 continue
             now = trio.current_time()

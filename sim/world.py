@@ -15,10 +15,10 @@ from coordinator.capacity import Capacity, ModelCost
 from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
 from coordinator.coordination.factory import BUS_NAMES
 from coordinator.coordination.memory.coordination import MemoryCoordination, MemoryState
-from coordinator.errors import GemmaNetError, StartupRefused
+from coordinator.errors import StartupRefused
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings
-from protocol import CloseCode, Message, transcript
+from protocol import CloseCode
 from sim import mutations
 from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
 from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
@@ -27,6 +27,7 @@ from sim.lease_observer import LeaseObserver
 from sim.monitors import MonitorCast, draw_monitor_pauses
 from sim.stand_ins import SimStore
 from sim.trace import Trace
+from sim.traffic import Clients
 from sim.trio_hook import pin_trio_scheduler
 
 #: the model catalog of every simulated instance: sizes that make the memory budgets of
@@ -38,8 +39,6 @@ SIM_CATALOG = Capacity(
         "m3": ModelCost(resident_gb=3.0, kv_gb=0.5),
     }
 )
-
-WORDS = ("alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta")
 
 
 @dataclass(frozen=True)
@@ -109,11 +108,7 @@ class World:
         self.nodes: dict[str, SimNode] = {}
         self.invariants: list[Invariant] = fresh_invariants()
         self.violation: Violation | None = None
-        self.open_requests = 0
-        self.request_count = 0
-        self.outcomes: dict[str, int] = {}
         self.restarts = 0
-        self.traffic_on = True
         self.monitors: MonitorCast | None = None
         self.monitor_summary: dict[str, int] | None = None
 
@@ -138,8 +133,8 @@ class World:
                 "message": self.violation.message,
                 "t": self.violation.t,
             },
-            requests=self.request_count,
-            outcomes=dict(sorted(self.outcomes.items())),
+            requests=self.clients.count,
+            outcomes=dict(sorted(self.clients.outcomes.items())),
             faults=self.plan.describe(),
             monitor=self.monitor_summary,
         )
@@ -154,6 +149,15 @@ class World:
         node_ids = [f"N{i}" for i in range(self.config.nodes)]
         self.plan = FaultPlan.draw(
             self.rng["plan"], instances=names, nodes=node_ids, traffic_s=self.config.traffic_s
+        )
+        self.clients = Clients(
+            self.seed,
+            request_interval_s=self.config.request_interval_s,
+            stream_fraction=self.config.stream_fraction,
+            trace=self.trace,
+            instances=self.instances,
+            live=self.live_instances,
+            walk_away_chance=lambda: self.plan.client_disconnect,
         )
         if self.config.monitors:
             # A stream of its own: the rest of the plan is the same with or without monitors.
@@ -180,13 +184,13 @@ class World:
                     )
                 await trio.sleep(2 * self.config.heartbeat_s)  # let nodes register everywhere
                 for c in range(self.config.clients):
-                    root.start_soon(self._client, c)
+                    root.start_soon(self.clients.client, c)
                 root.start_soon(self._run_faults)
                 root.start_soon(self._tick)
                 await trio.sleep(self.config.traffic_s)
-                self.traffic_on = False
+                self.clients.sending = False
                 with trio.move_on_after(self.config.task_timeout_s + 15):
-                    while self.open_requests:
+                    while self.clients.open:
                         await trio.sleep(0.1)
                 root.cancel_scope.cancel()
             self.end_time = trio.current_time()
@@ -306,106 +310,6 @@ class World:
         self.nodes[node_id] = node
         self.root.start_soon(node.run)
         return node
-
-    # -- clients ----------------------------------------------------------------------------
-
-    async def _client(self, number: int) -> None:
-        rng = random.Random(f"{self.seed}:client:{number}")
-        key = f"key-{number}"
-        while self.traffic_on:
-            await trio.sleep(rng.expovariate(1 / self.config.request_interval_s))
-            live = self.live_instances()
-            if not live or not self.traffic_on:
-                continue
-            sim = self.instances[rng.choice(live)]
-            self.request_count += 1
-            rid = f"r{self.request_count}"
-            prompt = " ".join([rid] + [rng.choice(WORDS) for _ in range(rng.randint(0, 5))])
-            stream = rng.random() < self.config.stream_fraction
-            # Every other request is a conversation: a v2 node gets it as messages, a v1 node as
-            # the transcript, and both echo the transcript.
-            conversation = self.request_count % 2 == 0
-            model = rng.choice(["m1", "m2", "m3"])
-            walk_away = (
-                rng.uniform(0.05, 2.0) if rng.random() < self.plan.client_disconnect else None
-            )
-            assert sim.nursery is not None
-            self.open_requests += 1
-            self.trace.emit(
-                "request.start",
-                rid=rid,
-                instance=sim.name,
-                prompt=prompt,
-                expect=transcript([Message(role="user", content=prompt)])
-                if conversation
-                else prompt,
-                stream=stream,
-                model=model,
-            )
-            sim.nursery.start_soon(
-                self._request, sim, key, rid, prompt, conversation, model, stream, walk_away
-            )
-
-    async def _request(
-        self,
-        sim: SimInstance,
-        key: str,
-        rid: str,
-        prompt: str,
-        conversation: bool,
-        model: str,
-        stream: bool,
-        walk_away: float | None,
-    ) -> None:
-        instance = sim.instance
-        ended, task = False, None
-
-        def end(outcome: str, **fields: Any) -> None:
-            nonlocal ended
-            ended = True
-            self.open_requests -= 1
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-            self.trace.emit("request.end", rid=rid, outcome=outcome, task=task, **fields)
-
-        try:
-            with trio.CancelScope() as client_scope:
-                if walk_away is not None:
-                    client_scope.deadline = trio.current_time() + walk_away
-                try:
-                    await instance.requests.check_rate_limit(key)
-                    limit, period = instance.settings.rate_limit
-                    self.trace.emit("ratelimit.allowed", key=key, limit=limit, period=period)
-                    content: dict[str, Any] = (
-                        {"messages": [Message(role="user", content=prompt)]}
-                        if conversation
-                        else {"prompt": prompt}
-                    )
-                    async with instance.requests.open(
-                        key_id=key, model=model, stream=stream, timeout_s=None, **content
-                    ) as handle:
-                        task = handle.task_id
-                        self.trace.emit(
-                            "request.placed",
-                            rid=rid,
-                            task=task,
-                            instance=sim.name,
-                            node=handle.node_id,
-                        )
-                        done = await handle.result()
-                    usage = done.usage
-                    end(
-                        "ok",
-                        node=handle.node_id,
-                        output=done.output,
-                        completion_tokens=None if usage is None else usage.completion_tokens,
-                    )
-                except GemmaNetError as exc:
-                    end(exc.code)
-            if client_scope.cancelled_caught and not ended:
-                end("client_gone")
-        finally:
-            if not ended:  # the instance crashed under the request: its connection dropped
-                end("connection_lost")
 
     # -- faults -----------------------------------------------------------------------------
 

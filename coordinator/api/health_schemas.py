@@ -1,8 +1,9 @@
 """The body of ``GET /api/v1/cluster``, what the System Health page polls.
 
 Kept apart from ``schemas`` (it only adds Structs) and documented in /openapi.json like every
-other response. Node details (``nodes``) are for operator keys only: any other key gets the
-instances' liveness and the aggregate counts, with ``nodes`` null.
+other response. Node details (``nodes``) and the queue per model (``queued``, which names the
+models) are for operator keys only: any other key gets the instances' liveness and the
+aggregate counts, with both null.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class ClusterResponse(_Response):
     instances: list[InstanceLiveness]
     online_nodes: int
     in_flight: int
-    # Requests waiting for capacity, per model and in total (null: the store cannot be read).
+    # Requests waiting for capacity, per model (null unless ``admin``, or when the store
+    # cannot be read) and in total (null only when the store cannot be read).
     queued: dict[str, int] | None
     queue_depth: int | None
     monitor: MonitorInfo | None

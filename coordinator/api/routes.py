@@ -4,6 +4,7 @@ can answer with (``_errors``), so /openapi.json describes what the API really re
 
 from __future__ import annotations
 
+import html
 import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from coordinator.api.schemas import (
     NodeTelemetryResponse,
     RatingRequest,
     RatingResponse,
+    RootResponse,
     StatusResponse,
     StreamErrorDetail,
     StreamErrorEvent,
@@ -70,10 +72,16 @@ def instance() -> Instance:
 
 
 async def authenticate() -> ApiKey:
-    header = request.headers.get("Authorization", "")
+    header = request.headers.get("Authorization", "").strip()
+    if not header:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        # Whatever it holds is not echoed: it may be the key itself, without its scheme.
+        raise Unauthorized(
+            "the Authorization header must be 'Bearer <key>' (the word Bearer, a space, then "
+            "the API key)"
+        )
     api_key = await instance().store.authenticate_api_key(key.strip())
     if api_key is None:
         raise Unauthorized("unknown API key")
@@ -137,6 +145,25 @@ def register_routes(app: Quart) -> None:
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
         return response
+
+    @app.get("/")
+    @document_response(RootResponse)
+    @_errors()
+    async def root() -> Response:
+        """Where to start: the API's description, the docs, the System Health page, the
+        health and status routes. A browser (Accept: text/html first) gets them as links."""
+        body = RootResponse(
+            service="GemmaNet coordinator",
+            version=__version__,
+            docs=ROOT_DOCS,
+            links=dict(ROOT_LINKS),
+        )
+        best = request.accept_mimetypes.best_match(["application/json", "text/html"])
+        if best == "text/html":
+            return Response(
+                _root_page(), 200, _ROOT_PAGE_HEADERS, content_type="text/html; charset=utf-8"
+            )
+        return json_response(body)
 
     @app.get("/healthz")
     @document_response(HealthResponse)
@@ -220,6 +247,31 @@ def register_routes(app: Quart) -> None:
         # TaskNotFound (404), TaskForbidden (403) and AlreadyRated (409) answer for themselves.
         await instance().requests.rate(task_id, api_key.key_id, body.score)
         return json_response(RatingResponse(task_id=task_id, score=body.score))
+
+
+ROOT_DOCS = (
+    "GET /openapi.json describes every route; docs/interface.md in the GemmaNet source is the "
+    "whole interface (commands, settings, the HTTP API, the node protocol)"
+)
+ROOT_LINKS = (
+    ("openapi", "/openapi.json"),
+    ("system_health", "/system-health"),
+    ("healthz", "/healthz"),
+    ("status", "/api/v1/status"),
+)
+_ROOT_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def _root_page() -> str:
+    items = "".join(f'<li><a href="{path}">{path}</a> ({name})</li>' for name, path in ROOT_LINKS)
+    return (
+        "<!doctype html><html lang=en><meta charset=utf-8><title>GemmaNet coordinator</title>"
+        f"<h1>GemmaNet coordinator {html.escape(__version__)}</h1><ul>{items}</ul>"
+        f"<p>{html.escape(ROOT_DOCS)}</p></html>"
+    )
 
 
 def _answer(handle: TaskHandle, done: TaskDone) -> dict[str, Any]:

@@ -55,6 +55,17 @@ class HealthResponse(_Response):
     ok: bool
 
 
+class RootResponse(_Response):
+    """``GET /``: what this server is and where to start."""
+
+    service: str
+    version: str
+    # Where the documentation lives: the API (/openapi.json) and the source's interface guide.
+    docs: str
+    # name -> path on this server: openapi, system_health, healthz, status.
+    links: dict[str, str]
+
+
 class TokenUsage(_Response):
     """Tokens as the node's model server counted them."""
 

@@ -4,7 +4,8 @@ it polls, ``GET /api/v1/cluster``.
 No build step and no third-party asset: the files in ``health_page/`` ship with the
 package and are served from here, under a Content-Security-Policy that allows this origin only
 (so a CDN script could not load even if one were added by mistake). The page itself needs no
-key; it asks for one and sends it with every poll. Node details go to operator keys only.
+key; it asks for one and sends it with every poll. Node details, and the queue per model
+(which names the models), go to operator keys only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from coordinator.api.health_schemas import ClusterResponse, InstanceLiveness, Mo
 from coordinator.api.responses import error_response, json_response
 from coordinator.api.routes import _BEARER, _errors, authenticate, instance
 from coordinator.api.schemas import NodeInfo
-from coordinator.coordination import Coordination, CoordinationUnavailable
+from coordinator.coordination import CoordinationUnavailable, MonitorStore
 from coordinator.runtime import instance_status
 
 PAGE_PATH = "/system-health"
@@ -86,14 +87,19 @@ def register_system_health(app: Quart) -> None:
     async def cluster() -> Response:
         """What the System Health page shows: instances with their liveness, aggregate counts,
         the elected monitor (null when none holds the lease) and, for an operator key only,
-        every node."""
+        every node and the queue per model (any other key: `nodes` and `queued` null)."""
         api_key = await authenticate()
         inst = instance()
         status = await instance_status.cluster_status(inst)
         queued = msgspec.convert(status["queued"], dict[str, int] | None)
+        queue_depth = None if queued is None else sum(queued.values())
         nodes = None
         if api_key.admin:
             nodes = msgspec.convert(await instance_status.cluster_nodes(inst), list[NodeInfo])
+        else:
+            # The per-model queue names every model the fleet serves: operators only. Any
+            # other key gets the total.
+            queued = None
         members = [
             InstanceLiveness(
                 instance_id=m.instance_id,
@@ -114,17 +120,17 @@ def register_system_health(app: Quart) -> None:
             online_nodes=msgspec.convert(status["online_nodes"], int),
             in_flight=msgspec.convert(status["in_flight"], int),
             queued=queued,
-            queue_depth=None if queued is None else sum(queued.values()),
-            monitor=await _monitor(inst.coordination),
+            queue_depth=queue_depth,
+            monitor=await _monitor(inst.coordination.monitor),
             nodes=nodes,
         )
         return json_response(body)
 
 
-async def _monitor(coordination: Coordination) -> MonitorInfo | None:
+async def _monitor(monitor: MonitorStore) -> MonitorInfo | None:
     """The monitor holding the election lease now, with its epoch (its fencing token)."""
     try:
-        status = await coordination.monitor_status()
+        status = await monitor.monitor_status()
     except CoordinationUnavailable:
         return None
     if status.holder is None or status.lease_epoch is None:

@@ -10,7 +10,7 @@ such a window would excuse a silent instance's lapse when it comes back.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import trio
@@ -18,6 +18,7 @@ import trio
 from coordinator.audit.findings import ConnectedNode, Observed
 from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.factory import coordination_for
+from coordinator.coordination.keys import PRESENCE, snapshot_key
 from coordinator.coordination.roles import KeyValue, Presence
 from coordinator.core import registry
 from coordinator.monitor.poller import poll_host
@@ -30,21 +31,17 @@ PROBE_TIMEOUT_S = 2.0
 _NO_STALL_RECORD_S = 3600.0
 
 
-class _PeerStore(KeyValue, Presence, Protocol):
-    """The presence registry and the members' snapshot keys (membership's two roles; not
-    runtime.membership.MembershipStore, so that the audit stays off the runtime package)."""
-
-
 async def _connected_nodes(
-    coordination: _PeerStore, alive_ttl_s: float
+    key_value: KeyValue, registry_role: Presence, alive_ttl_s: float
 ) -> dict[str, ConnectedNode]:
-    view = await coordination.presence_read(registry.PRESENCE, stall_after_s=_NO_STALL_RECORD_S)
+    """The presence registry and the members' snapshot keys, read as membership reads them."""
+    view = await registry_role.presence_read(PRESENCE, stall_after_s=_NO_STALL_RECORD_S)
     # An instance that stopped beating is dead to its peers: its nodes do not count.
     beating = [e for e in view.entries if view.now - e.last_beat <= alive_ttl_s]
     snapshots = []
     presences = [registry.decode_presence(e.data) for e in beating]
-    fetch = [registry.snapshot_key(p.instance_id) for p in presences if p is not None and p.digest]
-    stored = await coordination.get_many(fetch) if fetch else []
+    fetch = [snapshot_key(p.instance_id) for p in presences if p is not None and p.digest]
+    stored = await key_value.get_many(fetch) if fetch else []
     for presence in presences:
         if presence is not None and not presence.digest:  # a writer that predates digests
             snapshots.append(registry.legacy_snapshot(presence))
@@ -73,10 +70,12 @@ async def _read_store(settings: Settings) -> Observed:
     coordination = coordination_for(settings)
     async with coordination:
         await coordination.ping()
-        monitor = await coordination.monitor_status()
+        monitor = await coordination.monitor.monitor_status()
         hosts = sorted(settings.capacity.hosts)
-        facts = await coordination.host_facts(hosts) if hosts else {}
-        connected = await _connected_nodes(coordination, settings.alive_ttl_s)
+        facts = await coordination.monitor.host_facts(hosts) if hosts else {}
+        connected = await _connected_nodes(
+            coordination.key_value, coordination.presence, settings.alive_ttl_s
+        )
     return Observed(monitor=monitor, facts=facts, connected=connected)
 
 

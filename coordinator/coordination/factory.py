@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from coordinator.coordination.base import Coordination
+from coordinator.coordination.bundle import Coordination
 from coordinator.coordination.bus.base import Bus, PubSubBus
 from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
 from coordinator.coordination.memory.coordination import MemoryCoordination
@@ -86,14 +86,21 @@ def create_bus(
     name: str, coordination: Coordination, *, memory_hub: MemoryBusHub | None = None
 ) -> Bus:
     """The instance bus ``name`` (``GEMMANET_BUS``): ``pubsub`` over ``coordination``'s
-    publish/subscribe, ``streams`` on Redis Streams. With ``memory_hub``, the in-process
-    ``MemoryBus`` on that hub instead, with the same semantics (durable for ``streams``)."""
+    publish/subscribe, ``streams`` on Redis Streams (over the Redis backend's link). With
+    ``memory_hub``, the in-process ``MemoryBus`` on that hub instead, with the same semantics
+    (durable for ``streams``)."""
     if name not in BUS_NAMES:
         raise ValueError(f"unknown bus {name!r}: expected one of {', '.join(BUS_NAMES)}")
     if memory_hub is not None:
         return MemoryBus(hub=memory_hub, durable=name == "streams")
     if name == "streams":
         from coordinator.coordination.bus.streams import StreamsBus
+        from coordinator.coordination.redis.coordination import RedisCoordination
 
-        return StreamsBus(coordination)
-    return PubSubBus(coordination)
+        if not isinstance(coordination, RedisCoordination):
+            raise TypeError(
+                "GEMMANET_BUS=streams needs the Redis coordination backend (set "
+                f"GEMMANET_REDIS_URL); got {type(coordination).__name__}"
+            )
+        return StreamsBus(coordination.link)
+    return PubSubBus(coordination.pubsub)

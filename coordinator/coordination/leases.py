@@ -16,6 +16,13 @@ interface, and the semantics every backend honours (``memory/leases.py`` is the 
   the request out of the queue. Without room it joins the queue (``queued``), or is refused
   (``queue_full``, ``key_limit``, or ``refused`` when no candidate is usable at all: every one
   stale or gone).
+* **Asking again is safe.** An ask is idempotent per request: a request already in the queue
+  keeps its place, one already in its key's active set is not counted twice. An ask whose
+  ``lease_id`` was granted to an earlier copy of it whose answer never came back (it timed
+  out, yet was carried out) is marked ``again``: it is then granted that very lease once more
+  (no second one) when the lease is unexpired on one of its candidates whose facts are still
+  that candidate's connection and fresh; otherwise that lease is dropped and the ask goes on
+  as any other.
 * A queue entry ends when its request is granted or released, when its own expiry passes, or
   when its instance stops beating (``requester_stale_s``): a dead instance's entries do not
   block the queue. Likewise a dead instance's entries in an active set stop counting.
@@ -98,6 +105,9 @@ class LeaseAsk:
     lease_id: str
     #: a queue entry this call creates expires this long after it is created
     queue_entry_ttl_s: float
+    #: an earlier ask of this very ``lease_id`` got no answer (it timed out): a lease it may
+    #: have been granted is looked for on the candidates first (see the module docstring)
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The elected residency monitor's shared state: types, key names and semantics.
+"""The elected residency monitor's shared state: types and semantics (key names: ``keys.py``).
 
 Election: one lease (``monitor:lease``, value ``"<candidate>|<epoch>"``, TTL = the election
 TTL). Acquiring a free or expired lease INCRs ``monitor:epoch`` (persistent: never expires,
@@ -25,31 +25,17 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "EPOCH_KEY",
-    "FACTS_AT_KEY",
-    "FACTS_KEY",
-    "FENCED_REJECTS_KEY",
-    "LEASE_KEY",
+    "ACCEPTED_TTL_S",
     "HostFacts",
     "MonitorClaim",
     "MonitorStatus",
-    "accepted_key",
+    "decode_facts",
     "lease_value",
     "parse_lease",
 ]
 
-LEASE_KEY = "monitor:lease"
-EPOCH_KEY = "monitor:epoch"
-FENCED_REJECTS_KEY = "monitor:fenced_rejects"
-#: one hash (Redis) of host id -> JSON record, and one of host id -> write time in microseconds
-FACTS_KEY = "monitor:facts"
-FACTS_AT_KEY = "monitor:facts_at"
 #: accepted writes per epoch live this long (diagnostics for prove-takeover, not state)
 ACCEPTED_TTL_S = 3600.0
-
-
-def accepted_key(epoch: int) -> str:
-    return f"monitor:accepted:{epoch}"
 
 
 def lease_value(candidate: str, epoch: int) -> bytes:

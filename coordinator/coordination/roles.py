@@ -1,14 +1,30 @@
-"""The coordination interface cut into roles: one small Protocol per concern of ``Coordination``.
+"""The coordination interface: one small Protocol per role, and the semantics of each.
 
-A caller that uses one concern is typed on its role, so its signature says what it touches and
-a test double needs only that role's methods. Every backend (a ``Coordination`` subclass) is
-structurally every role; tests/coordinator/test_coordination_roles.py checks that, that no role
-has more than a dozen methods, and that each public method of ``Coordination`` is in exactly one
-role. Signatures are copied from base.py, which (with leases.py and monitor_types.py) keeps the
-semantics; the docstrings here are only their first lines.
+A backend is one object per role, all on one shared link to the store (``memory/``: the
+``MemoryState``; ``redis/``: the ``RedisLink``), handed out by its ``Coordination`` bundle
+(``bundle.py``) as the attributes named in ``ROLES``. A caller is handed the role it uses and
+typed on it, so its signature says what it touches and a test double needs only that role's
+methods. tests/coordinator/test_coordination_roles.py checks that each backend's role objects
+meet their Protocol, that no role has more than a dozen methods, and that every bundle hands
+out every role. Capacity leases have their semantics in ``leases.py``, the monitor in
+``monitor_types.py``, key names in ``keys.py``.
 
-The Protocols are runtime-checkable so that a test can assert a backend is a role; the check
-sees only that the methods exist, so mypy is what proves the signatures match.
+Semantics every backend honours (the contract suites check each):
+
+* Keys are plain strings relative to the backend's key prefix; values are bytes.
+* TTLs are seconds (floats allowed; Redis rounds to milliseconds). A key past its TTL reads as
+  absent everywhere. ``ttl_s=None`` means no expiry.
+* Every method is atomic with respect to every other call on the same backend.
+* Pub/sub is at-most-once: a message published while nobody is subscribed is lost; ``publish``
+  returns how many subscribers it reached, which is how a sender learns its peer is gone.
+* When the backend cannot be reached, every method raises ``CoordinationUnavailable`` (within
+  about a second, never a hang); the caller decides whether to fail closed (placement, rate
+  limits) or degrade. One that did not answer in time raises its subclass
+  ``CoordinationTimeout`` (slow, maybe not down, and the call may still be carried out): those
+  callers wait and call again, up to the store outage bound (``core/liveness.py``).
+
+The Protocols are runtime-checkable so that a test can assert a role object is a role; the
+check sees only that the methods exist, so mypy is what proves the signatures match.
 """
 
 from __future__ import annotations
@@ -54,7 +70,8 @@ class KeyValue(Protocol):
     async def set(
         self, key: str, value: bytes, *, ttl_s: float | None = None, only_if_absent: bool = False
     ) -> bool:
-        """Store ``value``. With ``only_if_absent`` nothing is written when the key exists."""
+        """Store ``value``. With ``only_if_absent`` nothing is written when the key exists.
+        Returns whether the value was written."""
 
     async def swap(self, key: str, value: bytes, *, ttl_s: float | None = None) -> bytes | None:
         """Store ``value`` and return the previous value (None if there was none)."""
@@ -66,7 +83,10 @@ class KeyValue(Protocol):
         ttl_s: float | None = None,
         bump: str | None = None,
     ) -> list[bytes | None]:
-        """``swap`` for each (key, value), in order; the previous values."""
+        """``swap`` for each (key, value), in order; the previous values. With ``bump``, the
+        integer at that key goes up by one in the same atomic step as the swaps (readers of the
+        counter never see the swaps without it). Redis: one script per ``REFRESH_BATCH`` keys;
+        memory: one step."""
 
     async def compare_and_set(
         self,
@@ -77,19 +97,21 @@ class KeyValue(Protocol):
         ttl_s: float | None = None,
     ) -> bool:
         """If the current value equals ``expected`` (None: the key is absent), replace it with
-        ``value`` (None: delete the key)."""
+        ``value`` (None: delete the key). Returns whether the swap happened."""
 
     async def refresh_if(self, key: str, expected: bytes, ttl_s: float) -> bool:
         """Reset the TTL of ``key`` to ``ttl_s`` only if it still holds ``expected``."""
 
     async def refresh_many(self, expected: Sequence[tuple[str, bytes]], ttl_s: float) -> list[bool]:
-        """``refresh_if`` for each (key, expected value), in order."""
+        """``refresh_if`` for each (key, expected value), in order. Redis: one round trip per
+        ``REFRESH_BATCH`` keys; memory: one ``refresh_if`` at a time."""
 
     async def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
 
     async def incr(self, key: str, amount: int = 1, *, ttl_s: float | None = None) -> int:
-        """Add ``amount`` to the integer at ``key`` (absent counts as 0) and return the new value."""
+        """Add ``amount`` to the integer at ``key`` (absent counts as 0) and return the new value.
+        ``ttl_s`` is applied when the key is created by this call."""
 
     async def keys_with_prefix(self, prefix: str) -> list[str]:
         """All live keys starting with ``prefix`` (relative names, any order)."""
@@ -100,12 +122,18 @@ class RateLimits(Protocol):
     """The exact shared rate limit."""
 
     async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
-        """Exact shared rate limit (sliding-window log)."""
+        """Exact shared rate limit (sliding-window log): a call is allowed only if fewer than
+        ``limit`` calls were allowed for ``key`` in the last ``period_s`` seconds, so no window of
+        ``period_s`` ever holds more than ``limit`` allowed calls. Decided atomically against one
+        clock (Redis: server TIME). Refused calls are not recorded."""
 
 
 @runtime_checkable
 class Presence(Protocol):
-    """Registries of members stamped with the backend's clock."""
+    """Registries of members, each stamped with the backend's own clock at its last beat, so
+    that every reader compares beats against one clock. Every presence call also records, on
+    that clock, the windows in which no presence call ran for longer than ``stall_after_s``: a
+    backend that was stalled (SIGSTOPped, unreachable for everyone) leaves that trace."""
 
     async def presence_beat(
         self,
@@ -116,7 +144,8 @@ class Presence(Protocol):
         stall_after_s: float,
         forget_after_s: float,
     ) -> PresenceView:
-        """Stamp ``member`` with the backend's time and store ``data`` with it."""
+        """Stamp ``member`` with the backend's time and store ``data`` with it; forget members
+        whose last beat is older than ``forget_after_s``; return the registry as it is now."""
 
     async def presence_read(self, registry: str, *, stall_after_s: float) -> PresenceView:
         """The registry now (``previous_beat`` None, ``stalls`` empty)."""
@@ -127,13 +156,14 @@ class Presence(Protocol):
 
 @runtime_checkable
 class Leases(Protocol):
-    """Capacity leases, the node facts they are judged against, and the admission queue."""
+    """Capacity leases, the node facts they are judged against, and the admission queue
+    (semantics: ``leases.py``)."""
 
     async def put_node_facts(self, facts: NodeFacts) -> None:
         """Record what placement may rely on about a node (its owner calls this)."""
 
     async def put_many_node_facts(self, facts: Sequence[NodeFacts]) -> None:
-        """``put_node_facts`` for several nodes."""
+        """``put_node_facts`` for several nodes (Redis: one HSET; memory: one at a time)."""
 
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
         """Forget the node's facts if they are still those of ``conn_id``."""
@@ -145,7 +175,9 @@ class Leases(Protocol):
         """Extend each (node id, lease id) still held to ``ttl_s`` from now; which were."""
 
     async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
-        """End a request's lease, queue entry and active-set entry."""
+        """End a request's lease, queue entry and active-set entry. Returns (model, instance)
+        for each of ``release.wake_models`` whose queue is not empty: the instance of its first
+        entry."""
 
     async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
         """Active leases and memory in use per node."""
@@ -156,12 +188,14 @@ class Leases(Protocol):
 
 @runtime_checkable
 class TelemetryStore(Protocol):
-    """Bounded, expiring histories of host telemetry samples."""
+    """Bounded, expiring histories of host telemetry samples (read-only for placement:
+    nothing here changes a budget)."""
 
     async def append_telemetry(
         self, node_id: str, sample: bytes, *, keep: int, ttl_s: float
     ) -> None:
-        """Append ``sample`` to the node's history, keep its last ``keep`` samples."""
+        """Append ``sample`` to the node's history, keep its last ``keep`` samples, and let the
+        whole history expire ``ttl_s`` after this append, in one atomic step."""
 
     async def telemetry_history(self, node_id: str) -> list[bytes]:
         """The node's samples, oldest first (empty when it has none)."""
@@ -172,10 +206,12 @@ class TelemetryStore(Protocol):
 
 @runtime_checkable
 class MonitorStore(Protocol):
-    """The elected monitor's lease and the host facts it writes fenced by its epoch."""
+    """The elected monitor's lease and the host facts it writes fenced by its epoch
+    (semantics: ``monitor_types.py``)."""
 
     async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
-        """Take the monitor lease if it is free or expired; otherwise report who holds it."""
+        """Take the monitor lease if it is free or expired (the epoch goes up by one and is
+        returned as the fencing token); otherwise report who holds it."""
 
     async def monitor_renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
         """Extend the lease to ``ttl_s`` only if ``candidate`` still holds it with ``epoch``."""
@@ -190,10 +226,13 @@ class MonitorStore(Protocol):
         self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool = True
     ) -> bool:
         """Store ``record`` (JSON) as the host's facts, stamped with the store's clock, only if
-        ``epoch`` is the current epoch and ``candidate`` holds the lease with it."""
+        ``epoch`` is the current epoch and ``candidate`` holds the lease with it; a rejected
+        write changes no fact and counts in ``monitor:fenced_rejects``. Returns whether it was
+        accepted. ``fenced=False`` is the test-only switch that skips the compare."""
 
     async def host_facts(self, host_ids: Sequence[str] | None = None) -> dict[str, HostFacts]:
-        """The latest accepted facts of each host that has some (all hosts when None)."""
+        """The latest accepted facts of each host that has some (all hosts when None), each
+        with its write time and age on the store's clock."""
 
     async def accepted_fact_writes(self, epoch: int) -> int:
         """How many fact writes made with ``epoch`` were accepted (kept for an hour)."""
@@ -215,7 +254,7 @@ class PubSub(Protocol):
 
 @runtime_checkable
 class Lifecycle(Protocol):
-    """Reachability and shutdown of the backend."""
+    """Reachability and shutdown of the backend (the bundle's own, not a handed-out role)."""
 
     async def ping(self) -> None:
         """Raise CoordinationUnavailable unless the backend answers."""
@@ -224,14 +263,13 @@ class Lifecycle(Protocol):
         """Release connections. Idempotent."""
 
 
-#: every role, in base.py's order; together they are exactly the methods of ``Coordination``
-ROLES: tuple[type, ...] = (
-    KeyValue,
-    RateLimits,
-    Presence,
-    Leases,
-    TelemetryStore,
-    MonitorStore,
-    PubSub,
-    Lifecycle,
-)
+#: the roles a ``Coordination`` bundle hands out: attribute name -> the Protocol it meets
+ROLES: dict[str, type] = {
+    "key_value": KeyValue,
+    "rate_limits": RateLimits,
+    "presence": Presence,
+    "leases": Leases,
+    "telemetry": TelemetryStore,
+    "monitor": MonitorStore,
+    "pubsub": PubSub,
+}

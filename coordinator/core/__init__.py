@@ -1,12 +1,13 @@
 """Pure decisions, no I/O and no ambient time: every function takes ``now`` as an argument.
 
     instance_machine.py  one instance's side of the cluster protocol (requester + owner)
-    requester.py         tasks this instance accepted from its clients
+    requests/            the requester: tasks this instance accepted from its clients, each
+                         request's lifecycle, its placement attempts and candidate nodes
     owner.py             this instance's node connections and the tasks they run
     effects.py           what the machines ask the shell to do
     admission.py         a request waiting for a lease: ask again, wait, pass a wake, give up
+    retries.py           when to make a store call again (a timeout, a failed release), when not
     placement.py         which node gets a task
-    candidates.py        where a request's candidate nodes come from (all, or a sample of many)
     node_table.py        which connection speaks for which node identity on this instance
     tracker.py           which tasks are pending, who may answer them, which must fail and why
     forwarding.py        the owner's table of tasks it runs for other instances

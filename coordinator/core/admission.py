@@ -13,12 +13,14 @@ not first passes a wake on, the first leaving wakes the next), so one object kee
 and each request's own state together, and no decision has to be made in the shell.
 
 Events: ``start`` (the request's candidates), ``answer`` (the store's ``Admission``),
-``unreachable`` (the store did not answer), ``wake``/``wake_local`` (a wake for a model came),
+``timed_out`` (the store did not answer in time: slow, maybe not down), ``unreachable`` (it
+refused the connection or closed it: down), ``wake``/``wake_local`` (a wake for a model came),
 ``waited`` (the wait asked for is over: its time came, or a wake cut it short), ``ended`` (the
 request stopped waiting: its client left). Each returns a list of decisions, with at most one
 next step for the ticket (``AskStore``, ``WaitUntil``, ``Granted``, ``Failed``; none: the attempt
-is over, the request ended meanwhile) and around it ``Queued``, ``WakeLocal``, ``WakePeer`` and
-``Left`` (the ticket left the local queue, with how long it waited in the shared one).
+is over, the request ended meanwhile) and around it ``Queued``, ``MayHold``, ``WakeLocal``,
+``WakePeer`` and ``Left`` (the ticket left the local queue, with how long it waited in the
+shared one).
 
 The policy: ask at once; when the store queues the request, wait for a wake, the first local
 waiter of the model re-asking every ``POLL_S`` too (pub/sub is at-most-once, a wake may be
@@ -26,6 +28,11 @@ lost); when every candidate went away (a view a beat old, facts the store lost),
 every ``GONE_RETRY_S`` for at most ``GONE_GIVE_UP_S``; after the queue timeout fail with
 ``503 all_nodes_busy``; stale facts, an unreachable store, the key limit and a full queue fail
 at once (nothing is placed on a guess).
+
+A slow store costs latency, never an error: an ask that timed out is made again after a backoff
+(``core/retries.py``) until the store was silent for ``store_outage_s`` (``core/liveness.py``)
+or the queue deadline passed; a refused or closed connection fails at once. Asking again is safe
+(``LeaseAsk.again``); what an unanswered ask may have left is given back at the end (``MayHold``).
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from coordinator.core.placement import NodeView
-from coordinator.core.requester import no_node_serves
+from coordinator.core.requests.attempts import no_node_serves
+from coordinator.core.retries import store_retry_in
 from coordinator.errors import AllNodesBusy, CoordinationDown, GemmaNetError, TooManyActive
 
 #: the first waiter of a model on this instance re-checks this often (a wake may be lost)
@@ -44,15 +52,10 @@ POLL_S = 1.0
 #: their owners are writing again) looks again after this long, for at most GONE_GIVE_UP_S
 GONE_RETRY_S = 0.25
 GONE_GIVE_UP_S = 3.0
-#: how long a failed release is retried (a lease heals by its TTL anyway; an active-set
-#: entry of a live instance would not)
-RELEASE_GIVE_UP_S = 30.0
-RELEASE_FIRST_RETRY_S = 0.1
-RELEASE_MAX_RETRY_S = 2.0
 
 #: one ``Reserve``: (task id, attempt)
 Ticket = tuple[str, int]
-WaitWhy = Literal["poll", "queue_deadline", "gone_retry"]
+WaitWhy = Literal["poll", "queue_deadline", "gone_retry", "store_retry"]
 
 
 class StoreAnswer(Protocol):
@@ -81,18 +84,20 @@ class StoreAnswer(Protocol):
 @dataclass(frozen=True, slots=True)
 class AskStore:
     """Ask the store for a lease for ``model`` on one of ``candidates`` (best first); then
-    ``answer`` or ``unreachable``."""
+    ``answer``, ``timed_out`` or ``unreachable``. ``again``: an earlier ask of this attempt got
+    no answer (it may hold a lease that this ask must find: ``LeaseAsk.again``)."""
 
     ticket: Ticket
     model: str
     candidates: tuple[NodeView, ...]
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class WaitUntil:
     """Wait until ``at``, then ``waited``. ``why``: the next poll of the first local waiter,
-    the queue deadline (only a wake comes sooner), or the next look after every candidate went
-    away (not cut short by a wake)."""
+    the queue deadline (only a wake comes sooner), the next look after every candidate went
+    away or the backoff after a timeout (neither cut short by a wake)."""
 
     ticket: Ticket
     at: float
@@ -100,7 +105,7 @@ class WaitUntil:
 
     @property
     def wakeable(self) -> bool:
-        return self.why != "gone_retry"
+        return self.why not in ("gone_retry", "store_retry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,14 @@ class Queued:
 
 
 @dataclass(frozen=True, slots=True)
+class MayHold:
+    """An ask of the ticket got no answer: the store may hold a queue entry (or an active-set
+    entry) for the request, which it must give back when it ends (``Requester.waiting``)."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
 class WakeLocal:
     """Cut short the wait of this instance's ``ticket`` (or, if it is not waiting, the next
     one it starts)."""
@@ -156,7 +169,7 @@ class Left:
 
 
 Step = AskStore | WaitUntil | Granted | Failed
-Decision = Step | Queued | WakeLocal | WakePeer | Left
+Decision = Step | Queued | MayHold | WakeLocal | WakePeer | Left
 
 
 def step_of(decisions: Sequence[Decision]) -> Step | None:
@@ -164,13 +177,6 @@ def step_of(decisions: Sequence[Decision]) -> Step | None:
     steps = [d for d in decisions if isinstance(d, AskStore | WaitUntil | Granted | Failed)]
     assert len(steps) <= 1, steps
     return steps[0] if steps else None
-
-
-def release_retry_in(failures: int, started_at: float, now: float) -> float | None:
-    """After the ``failures``-th failed attempt to release (1 for the first), how long to wait
-    before the next one; None: give up (the lease heals by its TTL)."""
-    delay = min(RELEASE_FIRST_RETRY_S * 2 ** (failures - 1), RELEASE_MAX_RETRY_S)
-    return None if now + delay >= started_at + RELEASE_GIVE_UP_S else delay
 
 
 # -- the machine ------------------------------------------------------------------------------
@@ -193,14 +199,27 @@ class _Waiter:
     #: wake may be meant for a later local waiter: asks can overtake each other on the way)
     asked_after_wake: bool = False
     waiting: WaitUntil | None = None
+    #: when the ask in flight was sent; when the current run of unanswered asks began (None:
+    #: answered since) and its length; whether any went unanswered (later asks are ``again``)
+    asked_at: float = 0.0
+    silent_since: float | None = None
+    timeouts: int = 0
+    unanswered: bool = False
 
 
 class AdmissionMachine:
     def __init__(
-        self, me: str, *, queue_timeout_s: float, queue_max: int, max_active_per_key: int
+        self,
+        me: str,
+        *,
+        queue_timeout_s: float,
+        queue_max: int,
+        max_active_per_key: int,
+        store_outage_s: float,
     ) -> None:
         self.me = me
         self._queue_timeout_s = queue_timeout_s
+        self._store_outage_s = store_outage_s
         self._queue_max = queue_max
         self._max_active_per_key = max_active_per_key
         self._waiters: dict[Ticket, _Waiter] = {}
@@ -230,6 +249,7 @@ class AdmissionMachine:
         if waiter is None:
             return []
         model, outcome = waiter.model, admission.outcome
+        waiter.silent_since, waiter.timeouts = None, 0
         decisions: list[Decision] = []
         if outcome == "granted":
             if admission.next_in_queue:
@@ -264,7 +284,7 @@ class AdmissionMachine:
         return [*decisions, self._wait(waiter, waiter.queue_until, "queue_deadline")]
 
     def unreachable(self, ticket: Ticket, now: float) -> list[Decision]:
-        """The store could not be reached (or did not answer in time): fail closed."""
+        """The store refused the connection or closed it (down, not slow): fail closed."""
         waiter = self._waiters.get(ticket)
         if waiter is None:
             return []
@@ -273,6 +293,35 @@ class AdmissionMachine:
             "retry after the Retry-After delay"
         )
         return self._fail(waiter, error, "coordination_unavailable", now)
+
+    def timed_out(
+        self, ticket: Ticket, now: float, silent_for_s: float | None = None
+    ) -> list[Decision]:
+        """The store did not answer the ask in time (slow, maybe not down; the ask may still
+        land: asking again is safe); ``silent_for_s``: how long it answered nobody (None: not
+        known). Ask again after a backoff until the store was silent for ``store_outage_s``
+        (never counted from before this ticket's first unanswered ask; a store that answers
+        others is slow, not gone) or the queue deadline passed; then fail closed."""
+        waiter = self._waiters.get(ticket)
+        if waiter is None:
+            return []
+        decisions: list[Decision] = [] if waiter.unanswered else [MayHold(ticket)]
+        waiter.unanswered, waiter.timeouts = True, waiter.timeouts + 1
+        if waiter.silent_since is None:
+            waiter.silent_since = waiter.asked_at
+        since = waiter.silent_since
+        if silent_for_s is not None:
+            since = max(since, now - silent_for_s)
+        give_up_at = min(since + self._store_outage_s, waiter.queue_until)
+        delay = store_retry_in(waiter.timeouts, now, give_up_at, f"{ticket[0]}.{ticket[1]}")
+        if delay is None:
+            silent = now - since
+            error = CoordinationDown(
+                f"capacity cannot be reserved: the coordination store did not answer for "
+                f"{silent:.1f} s; retry after the Retry-After delay"
+            )
+            return decisions + self._fail(waiter, error, "coordination_unavailable", now)
+        return [*decisions, self._wait(waiter, now + delay, "store_retry")]
 
     def waited(
         self, ticket: Ticket, candidates: Sequence[NodeView] | None, now: float
@@ -285,6 +334,8 @@ class AdmissionMachine:
         wait, waiter.waiting = waiter.waiting, None
         if wait is not None and wait.wakeable:
             waiter.asked_after_wake, waiter.woken = waiter.woken, False
+        elif wait is not None and wait.why == "store_retry":
+            pass  # the same ask once more: it follows a wake if the one that timed out did
         else:
             # A wake during a look after every candidate went away is kept for the next
             # wakeable wait, which it then ends at once.
@@ -330,7 +381,8 @@ class AdmissionMachine:
         if not candidates:
             return self._fail(waiter, no_node_serves(waiter.model), "no_node", now)
         waiter.candidates = tuple(candidates)
-        return [AskStore(waiter.ticket, waiter.model, waiter.candidates)]
+        waiter.asked_at = now
+        return [AskStore(waiter.ticket, waiter.model, waiter.candidates, waiter.unanswered)]
 
     def _wait(self, waiter: _Waiter, at: float, why: WaitWhy) -> WaitUntil:
         waiter.waiting = WaitUntil(waiter.ticket, at, why)

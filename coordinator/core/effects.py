@@ -1,8 +1,8 @@
 """What the cluster machines ask the shell to do, and what a waiting request is told.
 
-The machines (``owner.py``, ``requester.py``, joined in ``instance_machine.py``) never do I/O:
-every method takes an event (and ``now``) and returns a list of these effects, which the trio
-driver (``coordinator/runtime/instance.py``) carries out in order.
+The machines (``owner.py``, ``requests/requester.py``, joined in ``instance_machine.py``) never
+do I/O: every method takes an event (and ``now``) and returns a list of these effects, which
+the trio driver (``coordinator/runtime/instance.py``) carries out in order.
 """
 
 from __future__ import annotations

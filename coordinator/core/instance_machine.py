@@ -26,7 +26,7 @@ from coordinator.core.node_table import NodeConnection, view_of
 from coordinator.core.owner import Owner
 from coordinator.core.placement import SAMPLE_ABOVE, Indexable, NodeView, sample_across
 from coordinator.core.registry import InstanceSnapshot, NodeEntry, PeerLoad
-from coordinator.core.requester import Requester
+from coordinator.core.requests.requester import Requester
 from coordinator.core.tracker import Verdict
 from coordinator.errors import GemmaNetError
 from protocol import (
@@ -227,6 +227,13 @@ class InstanceMachine:
 
     def node_connected(self, conn: NodeConnection, now: float) -> list[Effect]:
         return self._route(self.owner.connected(conn), now)
+
+    def node_claimed(
+        self, conn: NodeConnection, previous: tuple[str, str] | None, now: float
+    ) -> list[Effect]:
+        """The shared owner record of ``conn``'s node names it now; ``previous``: the (instance,
+        connection) it named before."""
+        return self._route(self.owner.claimed(conn, previous, now), now)
 
     def node_disconnected(self, conn_id: str, why: str, now: float) -> list[Effect]:
         return self._route(self.owner.disconnected(conn_id, why), now)

@@ -18,7 +18,8 @@ still is, within ``failover_bound_s``.
 
 The instance's own side of the same rule is ``presence_lapsed``: our beats stopped for longer
 than the TTL while Redis was serving others (no server-recorded stall covers the gap), so peers
-may have declared us dead.
+may have declared us dead. And a freeze of our own process must not make our nodes look silent
+(``FreezeWatch``): their heartbeats waited in the sockets meanwhile.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "FAILOVER_PROMISE_S",
+    "FreezeWatch",
     "LivenessJudge",
     "LivenessTiming",
     "failover_bound_s",
     "presence_lapsed",
+    "store_outage_bound_s",
+    "store_outage_problem",
 ]
 
 
@@ -75,6 +79,38 @@ def failover_bound_s(
     return max(frozen, killed)
 
 
+def store_outage_bound_s(failover_bound_s: float) -> float:
+    """How long the coordination store may go without answering before a request waiting on
+    it (its rate limit, its admission) fails closed with ``503 coordination_unavailable``.
+
+    The failover bound itself: a request waits for a silent store as long as a peer waits for
+    a silent owner before failing its tasks, one rule for "silent means gone" across the
+    cluster, and like it at most the promised 3 s (``gemmanet serve`` checks both). A store
+    stalled for less (a SIGSTOP, a fork, a busy box) costs latency only, as a stall costs
+    liveness nothing. The operation timeout is deliberately absent: it only decides how soon a
+    call is made again.
+
+    Counted from the sending of the first call that got no answer; the request fails at the
+    first timeout at or past the bound, so its client hears the 503 at most one operation
+    timeout (1 s) and one backoff (0.5 s) later: 4.4 s with the defaults. A request's own
+    budget (its queue timeout) ends the wait sooner if it is shorter."""
+    return failover_bound_s
+
+
+def store_outage_problem(store_outage_s: float, budget_s: float) -> str | None:
+    """What is wrong when a request's own budget (its queue timeout, capped by the task
+    timeout) is shorter than the store outage bound: such a request rides out a silent store
+    only for its budget. None when the bound fits (``gemmanet serve`` says it at start)."""
+    if budget_s + 1e-9 >= store_outage_s:
+        return None
+    return (
+        f"GEMMANET_QUEUE_TIMEOUT_S (or GEMMANET_TASK_TIMEOUT_S) {budget_s:g} s is shorter than "
+        f"the store outage bound {store_outage_s:.2f} s (the failover bound): a request rides "
+        f"out a silent coordination store for {budget_s:g} s only, then gets 503 "
+        "coordination_unavailable"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class LivenessTiming:
     """The settings liveness depends on, in one place."""
@@ -98,6 +134,10 @@ class LivenessTiming:
             stall_slack_s=self.stall_slack_s,
             responsive_rtt_s=self.responsive_rtt_s,
         )
+
+    @property
+    def store_outage_s(self) -> float:
+        return store_outage_bound_s(self.failover_bound_s)
 
     def bound_sum(self) -> str:
         """The bound's arithmetic, term by term, for a one-line refusal."""
@@ -208,3 +248,28 @@ def presence_lapsed(
             return True
         cursor = max(cursor, end)
     return now - cursor > alive_ttl_s
+
+
+class FreezeWatch:
+    """When the nodes' silence may be judged, from how late the supervisor's ticks come.
+
+    A tick more than twice the longer of the sweep and the heartbeat interval after the one
+    before means this process was frozen (SIGSTOP, swapping, a debugger): the nodes' heartbeats
+    are still waiting in the sockets, unread, so every node would look silent. Silence is judged
+    again one heartbeat interval after such a tick, once they have been read."""
+
+    def __init__(
+        self, *, sweep_s: float, heartbeat_s: float, silence_deadline_s: float, now: float
+    ) -> None:
+        self._late_after_s = 2 * max(sweep_s, heartbeat_s)
+        self._heartbeat_s = heartbeat_s
+        self._silence_deadline_s = silence_deadline_s
+        self._last_tick = now
+        self._judge_from = now
+
+    def tick(self, now: float) -> float | None:
+        """A tick at ``now``: the silence deadline to judge the nodes by (None: not at this one)."""
+        if now - self._last_tick > self._late_after_s:
+            self._judge_from = now + self._heartbeat_s
+        self._last_tick = now
+        return self._silence_deadline_s if now >= self._judge_from else None

@@ -143,6 +143,12 @@ class NodeTable:
     def by_node(self, node_id: str) -> NodeConnection | None:
         return self._by_node.get(node_id)
 
+    def lengthen_silence(self, conn: NodeConnection, silent_after_s: float) -> None:
+        """``conn`` (listed here, or about to be) was told a heartbeat interval that lets it be
+        silent ``silent_after_s``: its own deadline grows at once, before the node has heard of
+        it (lenient first). Never shortened: ``silent`` plans its next look on that."""
+        conn.silent_after_s = max(conn.silent_after_s, silent_after_s)
+
     def touch(self, conn_id: str, now: float) -> None:
         conn = self._by_conn.get(conn_id)
         if conn is not None:

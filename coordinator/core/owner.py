@@ -29,6 +29,7 @@ from protocol import (
     BusChunk,
     BusNodeGone,
     BusRefused,
+    BusReplace,
     BusResult,
     Cancel,
     Chunk,
@@ -43,6 +44,9 @@ from protocol import (
 
 # How long a reply that is not tied to a task's deadline keeps being retried on the bus.
 REPLY_GIVE_UP_S = 5.0
+# How long a replace keeps being retried: a lost one is made good by the owner records, which
+# every instance checks each beat.
+REPLACE_GIVE_UP_S = 5.0
 
 
 class Owner:
@@ -86,6 +90,17 @@ class Owner:
             return []
         self.nodes.unregister(conn_id)
         return [self._replaced_close(conn), *self._lose(conn, "was replaced by a newer connection")]
+
+    def claimed(
+        self, conn: NodeConnection, previous: tuple[str, str] | None, now: float
+    ) -> list[Effect]:
+        """``conn``'s owner record names it now; ``previous``: the (instance, connection) it named
+        before. A connection of the node on another instance is told to close there."""
+        if previous is None or previous[0] == self.me:
+            return []  # a connection of it here was replaced when this one connected
+        old_instance, old_conn = previous
+        replace = BusReplace(node_id=conn.node_id, conn_id=old_conn, new_instance=self.me)
+        return [Publish(old_instance, replace, give_up_at=now + REPLACE_GIVE_UP_S)]
 
     def _replaced_close(self, conn: NodeConnection) -> CloseNode:
         reason = f"replaced by a newer connection of node {conn.node_id}"

@@ -1,17 +1,8 @@
 """The shared registry as data: what each instance publishes about itself and its nodes, and
-the cluster-wide view built from those snapshots. Pure: the shell reads and writes the keys.
-
-Keys (relative to GEMMANET_KEY_PREFIX):
-
-    inst:registry           presence registry (Coordination.presence_*): each instance's last
-                            beat on the backend's clock, with a ``PresenceData`` digest of its
-                            snapshot as the data (a few dozen bytes, whatever the node count)
-    inst:snapshot:{inst}    the instance's full InstanceSnapshot, written before the beat that
-                            names its digest, only when it changed (and every
-                            SNAPSHOT_REWRITE_S, its TTL being FORGET_AFTER_S): peers fetch it
-                            only when the digest in the registry moved
-    node:owner:{node}       "{instance} {conn_id}" of the connection that owns the identity
-    lock:single-instance    the instance id holding the single-instance lock
+the cluster-wide view built from those snapshots. Pure: the shell reads and writes the keys
+(their names, and what each holds: ``coordination/keys.py``): the presence registry's data is
+a ``PresenceData``, a snapshot key's value an ``InstanceSnapshot``, an owner record
+``owner_value``.
 """
 
 from __future__ import annotations
@@ -23,23 +14,8 @@ import msgspec
 
 from coordinator.core.placement import NodeView
 
-PRESENCE = "inst:registry"
-OWNER_PREFIX = "node:owner:"
-#: counts the claims of node identities cluster-wide: an instance re-reads its nodes' owner
-#: records only when it moved (runtime/ownership.py), not every beat
-OWNERS_CHANGED = "node:owners-changed"
-SINGLE_INSTANCE_LOCK = "lock:single-instance"
-SNAPSHOT_PREFIX = "inst:snapshot:"
 #: an unchanged snapshot is written again this often, to keep its key's TTL ahead
 SNAPSHOT_REWRITE_S = 20.0
-
-
-def owner_key(node_id: str) -> str:
-    return OWNER_PREFIX + node_id
-
-
-def snapshot_key(instance_id: str) -> str:
-    return SNAPSHOT_PREFIX + instance_id
 
 
 def owner_value(instance_id: str, conn_id: str) -> bytes:
@@ -83,7 +59,7 @@ class PresenceData(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int
     incarnation: str = ""
     nodes: list[NodeEntry] = []
-    #: ``snapshot_digest`` of the snapshot at ``snapshot_key(instance_id)``
+    #: ``snapshot_digest`` of the snapshot at ``keys.snapshot_key(instance_id)``
     digest: str = ""
     node_count: int = 0
     #: conn id -> tasks running, for every connection running any, as of this beat; the

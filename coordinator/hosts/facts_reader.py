@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 import trio
 
@@ -66,23 +65,21 @@ def host_read(facts: HostFacts, read_at: float) -> HostRead:
     )
 
 
-class FactsStore(MonitorStore, Leases, Protocol):
-    """What the reader needs: the monitor's fenced facts and epoch to read, and the lease
-    facts it writes from them (the two roles together; any ``Coordination`` is one)."""
-
-
 class HostFactsReader:
     def __init__(
         self,
         instance_id: str,
         capacity: Capacity,
-        coordination: FactsStore,
+        monitor: MonitorStore,
+        leases: Leases,
         hosts: DirectHosts,
         clock: Callable[[], float],
     ) -> None:
         self.me = instance_id
         self._capacity = capacity
-        self._coordination = coordination
+        #: the monitor's fenced facts and epoch to read, and the lease facts written from them
+        self._monitor = monitor
+        self._leases = leases
         self._hosts = hosts
         self._clock = clock
         # host id -> its state at the last read, to log each change once
@@ -99,12 +96,11 @@ class HostFactsReader:
             await self.read_once()
 
     async def read_once(self) -> None:
-        coordination = self._coordination
         # The time before the read: the facts were at least this old then (conservative).
         read_at = self._clock()
         try:
-            found = await coordination.host_facts(sorted(self._hosts.terms))
-            epoch = (await coordination.monitor_status()).epoch
+            found = await self._monitor.host_facts(sorted(self._hosts.terms))
+            epoch = (await self._monitor.monitor_status()).epoch
         except CoordinationUnavailable as exc:
             log.warning("cannot read the direct hosts' facts: %s", exc)
             return
@@ -117,7 +113,7 @@ class HostFactsReader:
                     read, current_epoch=current, stale_s=self._hosts.stale_s, now=self._clock()
                 )
                 if state == "ok":
-                    await coordination.put_node_facts(self._lease_facts(host_id, read))
+                    await self._leases.put_node_facts(self._lease_facts(host_id, read))
         except CoordinationUnavailable as exc:
             log.warning("cannot write the direct hosts' lease facts: %s", exc)
         self._hosts.facts_read(reads, current)

@@ -56,7 +56,15 @@ def run_monitor_command(settings: Settings, *, candidate: str | None, events: bo
             await coordination.ping()
             emit = _print_event if events else (lambda event: None)
             await nursery.start(
-                partial(run_monitor, coordination, settings, name, emit=emit, stop=stop)
+                partial(
+                    run_monitor,
+                    coordination.monitor,
+                    coordination.telemetry,
+                    settings,
+                    name,
+                    emit=emit,
+                    stop=stop,
+                )
             )
             log.info("monitor %s running (%s)", name, monitor_bound_sum(settings))
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

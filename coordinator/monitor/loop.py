@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import trio
@@ -29,16 +29,11 @@ from coordinator.monitor.poller import poll_host
 from coordinator.monitor.telemetry_poll import run_telemetry_polls
 from coordinator.settings import Settings
 
-__all__ = ["Emit", "MonitorBackend", "run_monitor"]
+__all__ = ["Emit", "run_monitor"]
 
 log = logging.getLogger("gemmanet.monitor")
 
 Emit = Callable[[dict[str, Any]], None]
-
-
-class MonitorBackend(MonitorStore, TelemetryStore, Protocol):
-    """What the monitor needs: its election and fenced facts, and the telemetry its polls
-    append (the two roles together; any ``Coordination`` is one)."""
 
 
 def _log_only(event: dict[str, Any]) -> None:
@@ -95,7 +90,8 @@ async def _primary_tick(
 
 
 async def run_monitor(
-    coordination: MonitorBackend,
+    monitor: MonitorStore,
+    telemetry: TelemetryStore,
     settings: Settings,
     candidate: str,
     *,
@@ -106,9 +102,10 @@ async def run_monitor(
 ) -> None:
     """Run as a candidate until ``stop`` is set (then resign) or cancelled (the lease expires).
 
+    ``monitor`` holds its election and fenced facts, ``telemetry`` what its agent polls append.
     ``transport`` replaces the network under the host polls (the simulator passes an
     ``httpx.MockTransport`` that answers in the hosts' wire format on virtual time)."""
-    candidacy = Candidacy(coordination, candidate, settings.monitor_ttl_s)
+    candidacy = Candidacy(monitor, candidate, settings.monitor_ttl_s)
     if stop is None:
         stop = trio.Event()
     task_status.started(candidacy)
@@ -120,7 +117,7 @@ async def run_monitor(
         # The telemetry agents of the operator file, polled beside the fact loop (never in it:
         # they must not delay a fenced write or a renewal), only while this one is primary.
         beside.start_soon(
-            run_telemetry_polls, coordination, settings, client, lambda: candidacy.primary
+            run_telemetry_polls, telemetry, settings, client, lambda: candidacy.primary
         )
         due = trio.current_time()
         waiting_reported = False

@@ -27,15 +27,15 @@ import trio
 
 from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.factory import create_coordination
-from coordinator.coordination.memory.coordination import MemoryCoordination
-from coordinator.coordination.monitor_types import (
-    EPOCH_KEY,
-    FACTS_AT_KEY,
-    FACTS_KEY,
-    FENCED_REJECTS_KEY,
-    LEASE_KEY,
-    accepted_key,
+from coordinator.coordination.keys import (
+    MONITOR_EPOCH,
+    MONITOR_FACTS,
+    MONITOR_FACTS_AT,
+    MONITOR_FENCED_REJECTS,
+    MONITOR_LEASE,
+    monitor_accepted_key,
 )
+from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.errors import SettingsError, StartupRefused
 from coordinator.monitor.ollama_listing import OllamaListingHost
@@ -66,10 +66,17 @@ def describe_run(number: int, total: int, result: RunResult, window_s: float) ->
 async def _cleanup(settings: Settings, prefix: str, epochs: int) -> None:
     coordination = _coordination(settings, prefix)
     async with coordination:
-        for key in (LEASE_KEY, EPOCH_KEY, FENCED_REJECTS_KEY, FACTS_KEY, FACTS_AT_KEY):
-            await coordination.delete(key)
+        key_value = coordination.key_value
+        for key in (
+            MONITOR_LEASE,
+            MONITOR_EPOCH,
+            MONITOR_FENCED_REJECTS,
+            MONITOR_FACTS,
+            MONITOR_FACTS_AT,
+        ):
+            await key_value.delete(key)
         for epoch in range(1, epochs + 1):
-            await coordination.delete(accepted_key(epoch))
+            await key_value.delete(monitor_accepted_key(epoch))
 
 
 async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResult]:
@@ -93,7 +100,7 @@ async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResul
             coordination = _coordination(settings, prefix)
             async with coordination:
                 run = TakeoverRun(
-                    coordination,
+                    coordination.monitor,
                     HOST_ID,
                     env,
                     workdir,
@@ -103,7 +110,7 @@ async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResul
                     window_s=settings.residency_stale_s,
                 )
                 result = await run.execute()
-                epochs = (await coordination.monitor_status()).epoch
+                epochs = (await coordination.monitor.monitor_status()).epoch
             with trio.CancelScope(shield=True):
                 await _cleanup(settings, prefix, epochs)
             results.append(result)

@@ -84,7 +84,6 @@ from coordinator.settings import Settings
 from coordinator.store import Store
 from protocol import (
     Assign,
-    BusReplace,
     Error,
     Heartbeat,
     Hello,
@@ -94,8 +93,6 @@ from protocol import (
 )
 
 log = logging.getLogger("gemmanet.instance")
-
-REPLACE_GIVE_UP_S = 5.0
 
 
 class Instance:
@@ -120,7 +117,7 @@ class Instance:
         # Ids come from the seeded generator in the simulator, from the OS otherwise.
         self._ids = random.Random(rng.getrandbits(64)) if rng else random.SystemRandom()
         # A new one per process start: peers tell a restart with the same id from the life
-        # that held their tasks (core/requester.py, owners_reborn).
+        # that held their tasks (core/requests/requester.py, owners_reborn).
         self.incarnation = f"{self._ids.getrandbits(64):016x}"
         self.machine = InstanceMachine(
             self.instance_id,
@@ -134,8 +131,10 @@ class Instance:
         self.metrics = Metrics(self.diagnostics)
         coordination.op_observer = self.metrics.redis_op
         self.outbox = BusOutbox(bus, clock, self.metrics)
+        # Each part is handed the roles of the coordination it uses, nothing more.
         self.membership = Membership(
-            coordination,
+            coordination.key_value,
+            coordination.presence,
             bus,
             settings,
             snapshot=self.machine.snapshot,
@@ -144,26 +143,33 @@ class Instance:
         )
         self.supervisor = Supervisor(self)
         #: the request side: start, end and record the tasks this instance's clients ask for
-        self.requests = TaskRequests(self)
+        self.requests = TaskRequests(self, coordination.rate_limits)
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
         self.membership.on_peers = self.machine.set_peers
         self.membership.on_peer_loads = self.machine.set_peer_loads
         self.ownership = Ownership(
-            coordination,
+            coordination.key_value,
             self.instance_id,
             ttl_s=settings.owner_ttl_s,
             turns=refresh_turns(settings.owner_ttl_s, settings.beat_s),
         )
         self.admissions = Admissions(
-            settings, coordination, self.machine, self.outbox, clock, self.metrics
+            settings, coordination.leases, self.machine, self.outbox, clock, self.metrics
         )
         self.node_facts = NodeFactsWriter(
-            self.instance_id, settings.capacity, coordination, self.machine.owner.nodes
+            self.instance_id, settings.capacity, coordination.leases, self.machine.owner.nodes
         )
         self.membership.on_forgotten = self.node_facts.rewrite_all
-        self.telemetry = NodeTelemetry(coordination, interval_s=settings.telemetry_interval_s)
+        self.telemetry = NodeTelemetry(
+            coordination.telemetry, interval_s=settings.telemetry_interval_s
+        )
         self.host_facts = HostFactsReader(
-            self.instance_id, settings.capacity, coordination, self.machine.hosts, clock
+            self.instance_id,
+            settings.capacity,
+            coordination.monitor,
+            coordination.leases,
+            self.machine.hosts,
+            clock,
         )
         self.host_calls = HostCalls(
             settings.capacity.hosts,
@@ -379,12 +385,8 @@ class Instance:
         except BaseException:
             self.detach_node(conn, "could not be registered")
             raise
-        if previous is not None and previous[0] != self.instance_id:
-            old_instance, old_conn = previous
-            replace = BusReplace(
-                node_id=conn.node_id, conn_id=old_conn, new_instance=self.instance_id
-            )
-            self.outbox.send(old_instance, replace, give_up_in=REPLACE_GIVE_UP_S)
+        # A connection of the node on another instance is closed there (the machine says how).
+        self.apply(self.machine.node_claimed(conn, previous, self.clock()))
         self.membership.snapshot_changed()
         self.metrics.node_connects.inc()
         return conn

@@ -21,7 +21,7 @@ async def cluster_status(instance: Instance) -> dict[str, object]:
     queued: dict[str, int] | None = None
     try:
         models = cluster_view.served_models(instance.machine, instance.clock())
-        queued = await instance.coordination.queue_depths(models, instance.admissions.rules)
+        queued = await instance.coordination.leases.queue_depths(models, instance.admissions.rules)
     except CoordinationUnavailable as exc:
         log.warning("status: cannot read the admission queues: %s", exc)
     return cluster_view.status(instance.machine, instance.diagnostics(), queued)
@@ -33,7 +33,7 @@ async def cluster_nodes(instance: Instance) -> list[dict[str, object]]:
         node_ids = sorted(
             {v.node_id for v in instance.machine.views()} | set(instance.machine.hosts.terms)
         )
-        found = await instance.coordination.lease_usage(node_ids)
+        found = await instance.coordination.leases.lease_usage(node_ids)
         usage = {n: (u.leases, u.memory_gb) for n, u in found.items()}
     except CoordinationUnavailable as exc:
         log.warning("nodes: cannot read the capacity leases: %s", exc)

@@ -68,13 +68,25 @@ gemmanet_liveness_lost_total                counter    times our own presence la
 gemmanet_bus_losses_total                   counter    times our inbox was lost
 gemmanet_lost_leases_total                  counter    leases expired before their renewal
 ==========================================  =========  ===========================================
+
+prometheus-client's own collectors are registered on the instance's registry too: the
+process's ``process_*`` series (CPU seconds, resident and virtual memory, open and maximum file
+descriptors, start time) and ``python_info``. Instances sharing a process report the same
+process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -227,6 +239,10 @@ class Metrics:
             registry=r,
         )
         r.register(_DiagnosticsCollector(diagnostics))
+        # The process's own series (process_cpu_seconds_total, process_resident_memory_bytes,
+        # process_open_fds, …; python_info), read from /proc at scrape time.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         # Peers counted dead and not seen alive since (a verdict repeats while a peer lingers).
         self._counted_dead: set[str] = set()
         self._redis_children: dict[str, tuple[Histogram, Counter]] = {}

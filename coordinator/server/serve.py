@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 from functools import partial
 
 import trio
@@ -15,11 +14,12 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
-from coordinator.core.liveness import FAILOVER_PROMISE_S
+from coordinator.core.liveness import FAILOVER_PROMISE_S, store_outage_problem
 from coordinator.errors import SettingsError, StartupRefused, StoreError
 from coordinator.monitor.timing import check_monitor_bound
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.server import gc_tuning, heap_trim
+from coordinator.server.listen import check_port_free
 from coordinator.settings import Settings
 from protocol import MAX_FRAME_BYTES
 
@@ -58,22 +58,20 @@ def check_failover_bound(settings: Settings) -> None:
         raise SettingsError("liveness settings refused: " + "; ".join(problems))
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Refuse in one line, before anything starts (and logs), a port another process holds.
-    Bound the way Hypercorn binds (SO_REUSEADDR), then released at once; losing the port in
-    between is still reported in one line by ``serve``."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as exc:
-        raise StartupRefused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+def check_store_outage_bound(settings: Settings) -> None:
+    """Say in one line, at start, when the store outage bound (README "Redis failures") does
+    not fit in a request's own budget: such requests fail sooner on a silent store. Not a
+    refusal: a short queue timeout is a choice (fail fast rather than wait)."""
+    budget = min(settings.queue_timeout_s, settings.task_timeout_s)
+    problem = store_outage_problem(settings.store_outage_s, budget)
+    if problem is not None and settings.redis_url:
+        logging.getLogger("gemmanet.serve").warning("%s", problem)
 
 
 def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
     check_monitor_bound(settings)
+    check_store_outage_bound(settings)
     check_port_free(host, port)
     gc_tuning.tune()  # thousands of connections: see coordinator/server/gc_tuning.py
     heap_trim.one_arena()  # before any thread starts: see coordinator/server/heap_trim.py

@@ -17,14 +17,13 @@ errors.py      its errors (defined in ``coordinator.errors``: one hierarchy)
 
 from __future__ import annotations
 
-from .engine import DEFAULT_DATABASE_URL, normalize_url
+from .engine import normalize_url
 from .errors import AlreadyRated, StoreError, StoreUnavailable, TaskForbidden, TaskNotFound
 from .records import ApiKey, TaskRecord, UsageRow
 from .store import Store, check_key_name, check_node_id
 from .usage import check_usage_window
 
 __all__ = [
-    "DEFAULT_DATABASE_URL",
     "AlreadyRated",
     "ApiKey",
     "Store",

@@ -16,7 +16,6 @@ from .schema import metadata
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATABASE_URL = "sqlite:///./gemmanet.db"
 SQLITE_BUSY_TIMEOUT_MS = 5000
 POSTGRES_CONNECT_TIMEOUT_S = 5
 # Arbitrary constant naming the advisory lock that serialises table creation on PostgreSQL.

@@ -105,7 +105,7 @@ class Store:
         except BaseException:
             engine.dispose()
             raise
-        log.info("store opened at %s", safe_url(parsed))
+        log.debug("store opened at %s", safe_url(parsed))
         return cls(
             engine,
             max_threads=max_threads,
@@ -126,7 +126,12 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Store {safe_url(self._engine.url)}>"
+        return f"<Store {self.safe_url}>"
+
+    @property
+    def safe_url(self) -> str:
+        """The database URL without its password (for log lines)."""
+        return safe_url(self._engine.url)
 
     @property
     def engine(self) -> Engine:
@@ -358,7 +363,7 @@ class Store:
                 sa.select(tasks.c.key_id).where(tasks.c.task_id == task_id)
             ).scalar_one_or_none()
         if owner is None:
-            raise TaskNotFound(f"no task {task_id}")
+            raise TaskNotFound(f"no task with id {task_id}")
         if owner == key_id:
             # The task's record was written (by a batch, maybe on another instance) between the
             # INSERT and this read: it is this key's task after all, not another key's.

@@ -23,6 +23,7 @@ import trio
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease
 from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.coordination.redis.lease_scripts import ADMIT
+from coordinator.coordination.redis.leases import RedisLeases
 from coordinator.coordination.redis.scripts import LuaScript
 
 REGISTRY = "instances"
@@ -32,15 +33,16 @@ assert PARALLEL_CHECK in ADMIT.source
 ADMIT_WITHOUT_PARALLEL_CHECK = LuaScript("broken_admit", ADMIT.source.replace(PARALLEL_CHECK, b""))
 
 
-class Broken(RedisCoordination):
+class Broken(RedisLeases):
     admit_script = ADMIT_WITHOUT_PARALLEL_CHECK
 
 
 async def hammer(url: str, prefix: str, me: str, variant: str, seconds: float) -> dict[str, int]:
-    cls = RedisCoordination if variant == "ok" else Broken
     peak = grants = 0
-    async with cls(url, key_prefix=prefix) as c:
-        await c.presence_beat(REGISTRY, me, b"", stall_after_s=60.0, forget_after_s=60.0)
+    async with RedisCoordination(url, key_prefix=prefix) as c:
+        if variant != "ok":
+            c.leases = Broken(c.link)
+        await c.presence.presence_beat(REGISTRY, me, b"", stall_after_s=60.0, forget_after_s=60.0)
         deadline = trio.current_time() + seconds
         for n in range(1_000_000):
             rid = f"{me}-{n}"
@@ -48,24 +50,24 @@ async def hammer(url: str, prefix: str, me: str, variant: str, seconds: float) -
             for attempt in range(1_000_000):
                 if trio.current_time() > deadline:
                     break
-                usage = await c.lease_usage(["n1"]) if variant == "check_then_act" else None
+                usage = await c.leases.lease_usage(["n1"]) if variant == "check_then_act" else None
                 if usage is not None and usage["n1"].leases >= 2:
                     await trio.sleep(0.001)
                     continue
                 ask = LeaseAsk(
                     rid, me, "key", "m", 4.0, 1.0, (("n1", "c1"),), f"{rid}.{attempt}", 60
                 )
-                admission = await c.admit(ask, RULES)
+                admission = await c.leases.admit(ask, RULES)
                 if admission.outcome == "granted":
                     lease_id = admission.lease_id
                     break
                 await trio.sleep(0.001)
             if lease_id:
-                peak = max(peak, await c.incr("holders"))
+                peak = max(peak, await c.key_value.incr("holders"))
                 await trio.sleep(0.003)
-                await c.incr("holders", -1)
+                await c.key_value.incr("holders", -1)
                 grants += 1
-            await c.release(
+            await c.leases.release(
                 LeaseRelease(
                     request_id=rid,
                     key_id="key",

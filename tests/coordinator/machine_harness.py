@@ -66,6 +66,8 @@ class Node:
 
 
 QUEUE_TIMEOUT_S = 30.0
+#: the store never times out here (its calls are synchronous); the bound of the defaults
+STORE_OUTAGE_S = 2.9
 
 
 class MachineCluster:
@@ -98,6 +100,7 @@ class MachineCluster:
                 queue_timeout_s=QUEUE_TIMEOUT_S,
                 queue_max=self.rules.queue_max,
                 max_active_per_key=self.rules.max_active_per_key,
+                store_outage_s=STORE_OUTAGE_S,
             )
             for name in instances
         }

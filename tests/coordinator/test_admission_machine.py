@@ -10,31 +10,50 @@ from coordinator.core.admission import (
     GONE_GIVE_UP_S,
     GONE_RETRY_S,
     POLL_S,
-    RELEASE_GIVE_UP_S,
     AdmissionMachine,
     AskStore,
     Decision,
     Failed,
     Granted,
     Left,
+    MayHold,
     Queued,
     WaitUntil,
     WakeLocal,
     WakePeer,
-    release_retry_in,
     step_of,
 )
+from coordinator.core.liveness import (
+    FAILOVER_PROMISE_S,
+    store_outage_bound_s,
+    store_outage_problem,
+)
 from coordinator.core.placement import NodeView
+from coordinator.core.retries import (
+    RELEASE_GIVE_UP_S,
+    STORE_RETRY_FIRST_S,
+    STORE_RETRY_MAX_S,
+    release_retry_in,
+    store_retry_in,
+)
 from coordinator.errors import AllNodesBusy, CoordinationDown, NoNodeForModel, TooManyActive
+from coordinator.settings import Settings
 
 QUEUE_TIMEOUT_S = 30.0
+STORE_OUTAGE_S = 2.9
 N1 = NodeView("n1", "B", "c1", frozenset({"m"}), max_parallel=1, in_flight=0)
 N2 = NodeView("n2", "C", "c2", frozenset({"m"}), max_parallel=1, in_flight=0)
 T1, T2, T3 = ("t1", 1), ("t2", 1), ("t3", 1)
 
 
-def machine() -> AdmissionMachine:
-    return AdmissionMachine("A", queue_timeout_s=QUEUE_TIMEOUT_S, queue_max=7, max_active_per_key=3)
+def machine(queue_timeout_s: float = QUEUE_TIMEOUT_S) -> AdmissionMachine:
+    return AdmissionMachine(
+        "A",
+        queue_timeout_s=queue_timeout_s,
+        queue_max=7,
+        max_active_per_key=3,
+        store_outage_s=STORE_OUTAGE_S,
+    )
 
 
 def granted(view: NodeView = N1, next_in_queue: str = "") -> Admission:
@@ -335,6 +354,160 @@ def test_no_candidate_left_fails_as_no_node_serving_the_model() -> None:
     assert isinstance(step, Failed) and step.reason == "no_node"
     assert step.error.message == "no online node serves model 'm'"
     assert decisions[-1] == Left(T2, POLL_S) and m.queued() == {}
+
+
+# -- a slow store: latency, not errors --------------------------------------------------------
+
+
+def test_a_timed_out_ask_waits_then_asks_again_and_is_granted() -> None:
+    m = machine()
+    assert m.start(T1, "m", [N1], 0.0) == [AskStore(T1, "m", (N1,))]
+    decisions = m.timed_out(T1, 1.0)  # the store did not answer within its 1 s
+    # The request now gives back, when it ends, whatever the unanswered ask left in the store.
+    assert decisions[0] == MayHold(T1)
+    step = step_of(decisions)
+    assert isinstance(step, WaitUntil) and step.why == "store_retry" and not step.wakeable
+    assert 1.0 + STORE_RETRY_FIRST_S / 2 <= step.at <= 1.0 + STORE_RETRY_FIRST_S
+    assert m.waiting() == [step]
+    # Asked again, marked so: the store looks for a lease the unanswered ask may have got.
+    assert m.waited(T1, [N1], step.at) == [AskStore(T1, "m", (N1,), again=True)]
+    decisions = m.answer(T1, granted(), step.at + 0.01)
+    assert decisions == [Granted(T1, N1, "lease-1"), Left(T1, None)]
+
+
+def test_timeouts_back_off_doubling_to_half_a_second_with_jitter() -> None:
+    m = machine()
+    m.start(T1, "m", [N1], 0.0)
+    now, delays, mayhold = 0.0, list[float](), 0
+    for _ in range(3):  # the first ask times out after 1 s, each retry after 0.2 s
+        now += 1.0 if not delays else 0.2
+        decisions = m.timed_out(T1, now)
+        mayhold += len(only(decisions, MayHold))
+        step = step_of(decisions)
+        assert isinstance(step, WaitUntil) and step.why == "store_retry"
+        delays.append(step.at - now)
+        now = step.at
+        assert step_of(m.waited(T1, [N1], now)) == AskStore(T1, "m", (N1,), again=True)
+    assert mayhold == 1  # said once
+    for n, delay in enumerate(delays, start=1):
+        top = min(STORE_RETRY_FIRST_S * 2 ** (n - 1), STORE_RETRY_MAX_S)
+        assert top / 2 <= delay <= top
+    longest = store_retry_in(20, 0.0, 1.0, "x")
+    assert longest is not None and longest <= STORE_RETRY_MAX_S
+    # Jittered: two requests of one outage do not retry in step.
+    assert store_retry_in(1, 0.0, 1.0, "t1.1") != store_retry_in(1, 0.0, 1.0, "t2.1")
+    assert store_retry_in(1, 1.0, 1.0, "t1.1") is None
+
+
+def test_a_store_silent_past_the_bound_fails_closed() -> None:
+    m = machine()
+    queue(m, T1, T2)  # answered at 0: T1 first in line, polling
+    m.waited(T1, [N1], POLL_S)  # its poll is sent at 1.0 ...
+    now, failed = POLL_S + 1.0, None  # ... and gets no answer, nor does any ask after it
+    while failed is None:
+        decisions = m.timed_out(T1, now)
+        step = step_of(decisions)
+        if isinstance(step, Failed):
+            failed = step
+            break
+        assert isinstance(step, WaitUntil)
+        m.waited(T1, [N1], step.at)
+        now = step.at + 1.0  # each ask again times out after its 1 s
+    # Silent since the poll was sent: given up at the first timeout past the bound.
+    assert now >= POLL_S + STORE_OUTAGE_S and now - 1.5 < POLL_S + STORE_OUTAGE_S
+    assert failed.reason == "coordination_unavailable"
+    assert isinstance(failed.error, CoordinationDown) and failed.error.retry_after_s >= 1
+    assert failed.error.message.startswith(
+        "capacity cannot be reserved: the coordination store did not answer for "
+    )
+    assert decisions[-2:] == [Left(T1, now), WakeLocal(T2)]  # queued at 0; the next goes on
+
+
+def test_an_answer_ends_the_outage_so_the_bound_counts_from_the_next_silence() -> None:
+    m = machine()
+    m.start(T1, "m", [N1], 0.0)
+    step = step_of(m.timed_out(T1, 1.0))
+    m.waited(T1, [N1], step.at)  # type: ignore[union-attr]
+    m.answer(T1, queued(0), 2.0)  # the store answers: queued
+    m.waited(T1, [N1], 2.5)
+    # Silent again from 2.5 on: at 2.5 + 2.8 it is not past the bound yet (from 0 it would be).
+    step = step_of(m.timed_out(T1, 2.5 + STORE_OUTAGE_S - 0.1))
+    assert isinstance(step, WaitUntil) and step.why == "store_retry"
+
+
+def test_a_store_that_answers_others_is_slow_not_gone_so_the_request_waits_to_its_deadline() -> (
+    None
+):
+    m = machine(queue_timeout_s=10.0)
+    m.start(T1, "m", [N1], 0.0)
+    now = 1.0
+    while True:  # every ask of T1 times out, yet the store answered others 0.2 s before
+        step = step_of(m.timed_out(T1, now, silent_for_s=0.2))
+        if isinstance(step, Failed):
+            break
+        assert isinstance(step, WaitUntil)
+        m.waited(T1, [N1], step.at)
+        now = step.at + 1.0
+    assert now >= 10.0 and step.reason == "coordination_unavailable"
+    # Silent to everybody: a request that comes late in the outage still waits out the bound
+    # counted from its own first ask (never fails sooner), then fails closed.
+    m.start(T2, "m", [N1], 20.0)
+    step = step_of(m.timed_out(T2, 21.0, silent_for_s=STORE_OUTAGE_S + 1.0))
+    assert isinstance(step, WaitUntil)
+    m.waited(T2, [N1], step.at)
+    step = step_of(m.timed_out(T2, 20.0 + STORE_OUTAGE_S, silent_for_s=STORE_OUTAGE_S + 3.9))
+    assert isinstance(step, Failed) and step.reason == "coordination_unavailable"
+
+
+def test_a_short_queue_timeout_ends_the_wait_for_a_slow_store_sooner() -> None:
+    m = machine(queue_timeout_s=1.5)
+    m.start(T1, "m", [N1], 0.0)
+    step = step_of(m.timed_out(T1, 1.0))
+    assert isinstance(step, WaitUntil)
+    m.waited(T1, [N1], step.at)
+    step = step_of(m.timed_out(T1, 1.6))  # past the request's own budget
+    assert isinstance(step, Failed) and step.reason == "coordination_unavailable"
+
+
+def test_a_refused_or_closed_connection_still_fails_fast() -> None:
+    m = machine()
+    m.start(T1, "m", [N1], 0.0)
+    decisions = m.unreachable(T1, 0.01)
+    step = step_of(decisions)
+    assert isinstance(step, Failed) and step.reason == "coordination_unavailable"
+    assert only(decisions, MayHold) == [] and decisions[-1] == Left(T1, None)
+
+
+def test_a_wake_during_a_store_retry_does_not_cut_it_short_and_counts_for_the_ask_again() -> None:
+    m = machine()
+    queue(m, T1, T2)
+    m.wake_local("m")
+    m.waited(T1, [N1], 0.5)  # woken: asks at 0.5...
+    m.timed_out(T1, 1.5)  # ...no answer
+    assert m.wake_local("m") == [WakeLocal(T1)]  # a wake while it backs off is kept
+    m.waited(T1, [N1], 1.6)
+    # The ask again still follows the wake: queued behind a peer, it passes the wake on.
+    assert only(m.answer(T1, queued(1), 1.7), WakeLocal) == [WakeLocal(T2)]
+
+
+def test_a_request_that_ended_while_backing_off_only_leaves() -> None:
+    m = machine()
+    m.start(T1, "m", [N1], 0.0)
+    m.timed_out(T1, 1.0)
+    assert m.waited(T1, None, 1.1) == [Left(T1, None)]
+    assert m.timed_out(T1, 1.2) == []
+
+
+def test_the_store_outage_bound_is_the_failover_bound_and_fits_the_queue_timeout() -> None:
+    settings = Settings()
+    timing = settings.liveness_timing()
+    assert settings.store_outage_s == store_outage_bound_s(timing.failover_bound_s)
+    assert settings.store_outage_s == pytest.approx(2.9)
+    assert settings.store_outage_s <= FAILOVER_PROMISE_S
+    # It fits in a request's budget with the defaults; a shorter queue timeout is said at start.
+    assert store_outage_problem(settings.store_outage_s, settings.queue_timeout_s) is None
+    problem = store_outage_problem(settings.store_outage_s, 1.0)
+    assert problem is not None and "shorter than the store outage bound 2.90 s" in problem
 
 
 # -- the request ended meanwhile --------------------------------------------------------------

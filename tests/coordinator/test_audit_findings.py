@@ -10,6 +10,7 @@ import pytest
 from coordinator.audit.findings import ConnectedNode, Observed, judge
 from coordinator.audit.observe import _connected_nodes
 from coordinator.capacity import parse_capacity
+from coordinator.coordination import keys
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.monitor_types import HostFacts, MonitorStatus
 from coordinator.core import registry
@@ -165,8 +166,8 @@ async def test_only_nodes_of_instances_beating_within_the_ttl_count_as_connected
             for node_id, connected_at in nodes
         ]  # fmt: skip
         snapshot = registry.InstanceSnapshot(instance_id=instance, in_flight=0, nodes=entries)
-        await coordination.presence_beat(
-            registry.PRESENCE,
+        await coordination.presence.presence_beat(
+            keys.PRESENCE,
             instance,
             registry.encode_snapshot(snapshot),
             stall_after_s=0.7,
@@ -177,10 +178,10 @@ async def test_only_nodes_of_instances_beating_within_the_ttl_count_as_connected
     now[0] += 1.5
     # box-2 reconnected on A: the newer connection wins, whichever instance is read first.
     await beat("A", ("box-2", 9.0))
-    found = await _connected_nodes(coordination, alive_ttl_s=2.0)
+    found = await _connected_nodes(coordination.key_value, coordination.presence, alive_ttl_s=2.0)
     assert {n: c.instance_id for n, c in found.items()} == {"box-1": "B", "box-2": "A"}
     now[0] += 1.0  # B last beat 2.5 s ago: dead to its peers, and so are its nodes
-    found = await _connected_nodes(coordination, alive_ttl_s=2.0)
+    found = await _connected_nodes(coordination.key_value, coordination.presence, alive_ttl_s=2.0)
     assert {n: c.instance_id for n, c in found.items()} == {"box-2": "A"}
 
 

@@ -1,7 +1,8 @@
 """The benchmarks in tools/bench run end to end (--quick) and write their figures as JSON.
 
 This checks that they work — processes start, traffic flows, every request is answered, the
-report has its figures — not how fast anything is."""
+report has its figures and prints its ratio — not how fast anything is (no ratio's value is
+checked: on a shared box it says nothing in a quick run)."""
 
 from __future__ import annotations
 
@@ -20,41 +21,108 @@ pytestmark = pytest.mark.e2e
 
 
 def run_bench(module: str, out: Path, *extra: str) -> dict:  # type: ignore[type-arg]
+    return run_bench_output(module, out, *extra)[0]
+
+
+def run_bench_output(module: str, out: Path, *extra: str) -> tuple[dict, str]:  # type: ignore[type-arg]
+    """The figures the benchmark wrote and what it printed."""
     proc = subprocess.run(
         [sys.executable, "-m", module, "--quick", "--json", str(out), *extra],
         check=False,
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "figures measured on " in proc.stdout and " cores, " in proc.stdout
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
+    return json.loads(out.read_text()), proc.stdout
 
 
 def positive(value: object) -> bool:
     return isinstance(value, int | float) and not math.isnan(value) and value > 0
 
 
-def test_throughput_benchmark(tmp_path: Path) -> None:
-    data = run_bench("tools.bench.throughput", tmp_path / "throughput.json", "--duration", "3")
-    assert data["benchmark"] == "throughput" and positive(data["cores"])
-    for kind in ("request", "healthz"):
+def has_ratio(data: dict, key: str, stdout: str, printed: str) -> bool:  # type: ignore[type-arg]
+    """The report has the ratio (a number; its value is not judged) and printed its line."""
+    return isinstance(data["ratios"][key], float) and printed in stdout
+
+
+def check_kinds(data: dict, kinds: tuple[str, ...], processes: set[str]) -> None:  # type: ignore[type-arg]
+    for kind in kinds:
         figures = data[kind]
         for key in ("throughput_rps", "p50_ms", "p95_ms", "p99_ms", "ok"):
             assert positive(figures[key]), (kind, key, figures)
         assert figures["errors"] == {}, figures
         assert figures["p50_ms"] <= figures["p95_ms"] <= figures["p99_ms"]
+        # CPU per answered request of every process (the client, each server process)
+        assert set(figures["cpu_ms_per_request"]) == processes, figures["cpu_ms_per_request"]
+        assert positive(figures["cpu_ms_per_request"]["coordinator"]), figures
+
+
+def test_throughput_benchmark(tmp_path: Path) -> None:
+    data, stdout = run_bench_output(
+        "tools.bench.throughput", tmp_path / "throughput.json", "--duration", "3"
+    )
+    assert data["benchmark"] == "throughput" and positive(data["cores"])
+    check_kinds(data, ("request", "healthz"), {"client", "coordinator", "node"})
     for key in ("throughput", "p50", "p95", "p99"):
         assert positive(data["ratios"][key]), data["ratios"]
+    assert has_ratio(
+        data, "coordinator_cpu_per_request", stdout, "coordinator CPU per request / per healthz:"
+    )
+
+
+@pytest.mark.redis
+def test_throughput_benchmark_on_redis(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not found on PATH")
+    data, stdout = run_bench_output(
+        "tools.bench.throughput", tmp_path / "throughput.json", "--duration", "3", "--redis"
+    )
+    assert data["settings"]["redis"] is True
+    check_kinds(data, ("request", "healthz"), {"client", "coordinator", "node", "redis"})
+    assert has_ratio(
+        data, "coordinator_cpu_per_request", stdout, "coordinator CPU per request / per healthz:"
+    )
+
+
+def test_stream_benchmark(tmp_path: Path) -> None:
+    data, stdout = run_bench_output("tools.bench.stream", tmp_path / "stream.json", "--chunks", "8")
+    assert data["benchmark"] == "throughput" and data["mode"] == "stream"
+    check_kinds(data, ("request", "stream_one", "stream"), {"client", "coordinator", "node"})
+    assert data["stream"]["chunks_per_request"] == 8
+    assert set(data["cpu_ms_per_chunk"]["coordinator"]) == {"marginal", "average"}
+    assert has_ratio(
+        data,
+        "coordinator_cpu_per_chunk_vs_request",
+        stdout,
+        "coordinator CPU per chunk / per non-streamed request:",
+    )
+
+
+@pytest.mark.skipif(
+    shutil.which("py-spy", path=str(Path(sys.executable).parent)) is None
+    and shutil.which("py-spy") is None,
+    reason="py-spy is not installed",
+)
+def test_throughput_benchmark_profile(tmp_path: Path) -> None:
+    data, stdout = run_bench_output(
+        "tools.bench.throughput", tmp_path / "throughput.json", "--py-spy", str(tmp_path / "prof")
+    )
+    assert "py-spy profile of the coordinator over the request round" in stdout
+    assert "coordinator CPU by category" in stdout
+    assert set(data["profiles"]) == {"request", "healthz"}
+    assert (tmp_path / "prof" / "coordinator-request.summary").exists()
 
 
 @pytest.mark.redis
 def test_cross_instance_benchmark(tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server not found on PATH")
-    data = run_bench("tools.bench.cross_instance", tmp_path / "cross.json", "--duration", "3")
+    data, stdout = run_bench_output(
+        "tools.bench.cross_instance", tmp_path / "cross.json", "--duration", "3"
+    )
     assert data["benchmark"] == "cross_instance"
     # The lean pair's kinds, the coredis pair's, the bare socket; Channels when installed.
     kinds = ["remote", "local", "pubsub", "remote_coredis", "local_coredis", "pubsub_coredis"]
@@ -68,6 +136,13 @@ def test_cross_instance_benchmark(tmp_path: Path) -> None:
     assert set(data["difference_ms"]) == set(data["difference_coredis_ms"]) == {"p50", "p95", "p99"}
     assert all(isinstance(v, float) for v in data["difference_ms"].values())
     assert data["budget_ms"] == {"p95": 20.0, "p99": 50.0} and data["aim_ms"] == {"p95": 1.0}
+    # The CPU rounds: the two instances' CPU per remote request against a local one, per pair.
+    assert set(data["cpu"]) == {"lean", "coredis"}
+    for pair in data["cpu"].values():
+        for kind in ("remote", "local"):
+            assert pair[kind]["errors"] == {} and positive(pair[kind]["ok"]), pair[kind]
+            assert positive(pair[kind]["cpu_ms_per_request"]["instances"]), pair[kind]
+        assert has_ratio(pair, "instances_cpu_remote_vs_local", stdout, "A+B CPU per remote")
 
 
 @pytest.mark.redis

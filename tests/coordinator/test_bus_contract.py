@@ -116,8 +116,8 @@ async def bus_kind(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[B
 
     def redis_bus(coordination: RedisCoordination) -> Bus:
         if streams:
-            return StreamsBus(coordination, presence_ttl_s=PRESENCE_TTL_S, refresh_s=REFRESH_S)
-        return PubSubBus(coordination)
+            return StreamsBus(coordination.link, presence_ttl_s=PRESENCE_TTL_S, refresh_s=REFRESH_S)
+        return PubSubBus(coordination.pubsub)
 
     @asynccontextmanager
     async def redis_peer() -> AsyncIterator[Bus]:

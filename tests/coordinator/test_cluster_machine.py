@@ -311,6 +311,23 @@ def test_a_node_reconnecting_elsewhere_closes_the_old_connection_with_4000() -> 
     assert outcome(cluster, "t1") == [("failed", NodeDisconnected.code)]
 
 
+def test_claiming_a_node_owned_by_another_instance_closes_the_connection_there() -> None:
+    cluster = MachineCluster("A", "B")
+    old = cluster.connect("A", "n1")
+    cluster.submit("A", "t1")
+    new = cluster.connect("B", "n1")
+    b = cluster.machines["B"]
+    conn = b.owner.nodes.by_conn(new.conn_id)
+    assert conn is not None
+    # Nothing to close elsewhere: no previous owner, or a connection here (replaced already).
+    assert b.node_claimed(conn, None, 0.0) == []
+    assert b.node_claimed(conn, ("B", "c-older"), 0.0) == []
+    cluster.apply("B", b.node_claimed(conn, ("A", old.conn_id), 0.0))
+    cluster.deliver()
+    assert old.closed_with == 4000 and new.closed_with is None
+    assert outcome(cluster, "t1") == [("failed", NodeDisconnected.code)]
+
+
 def test_owner_killed_before_it_confirmed_the_assign_is_placed_again_not_502() -> None:
     """A PUBLISH can still reach a just-killed process (Redis has not seen its socket close),
     so "received" does not mean a node runs the task; only the owner's bus.accepted does."""

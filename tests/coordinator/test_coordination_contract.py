@@ -23,7 +23,7 @@ from tests.fixtures.redis_server import RedisServer
 
 
 async def test_get_set_and_absent_keys(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     assert await c.get("missing") is None
     assert await c.set("k", b"v1") is True
     assert await c.get("k") == b"v1"
@@ -35,14 +35,14 @@ async def test_get_set_and_absent_keys(backend: Backend) -> None:
 
 
 async def test_set_only_if_absent(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     assert await c.set("lock", b"a", only_if_absent=True) is True
     assert await c.set("lock", b"b", only_if_absent=True) is False
     assert await c.get("lock") == b"a"
 
 
 async def test_ttl_expiry(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     await c.set("short", b"x", ttl_s=0.2)
     await c.set("forever", b"y")
     await backend.advance(0.1)
@@ -56,7 +56,7 @@ async def test_ttl_expiry(backend: Backend) -> None:
 
 
 async def test_plain_set_clears_a_previous_ttl(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     await c.set("k", b"1", ttl_s=0.2)
     await c.set("k", b"2")
     await backend.advance(0.2 + SLACK)
@@ -64,7 +64,7 @@ async def test_plain_set_clears_a_previous_ttl(backend: Backend) -> None:
 
 
 async def test_swap_returns_previous_value(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     assert await c.swap("s", b"first") is None
     assert await c.swap("s", b"second", ttl_s=0.2) == b"first"
     assert await c.get("s") == b"second"
@@ -75,7 +75,7 @@ async def test_swap_returns_previous_value(backend: Backend) -> None:
 async def test_swap_many_swaps_each_key_and_returns_the_previous_values(
     backend: Backend,
 ) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     await c.set("a", b"old-a")
     assert await c.swap_many([("a", b"new-a"), ("b", b"new-b")], ttl_s=0.2) == [b"old-a", None]
     assert await c.get_many(["a", "b"]) == [b"new-a", b"new-b"]
@@ -94,7 +94,7 @@ async def test_swap_many_swaps_each_key_and_returns_the_previous_values(
 
 
 async def test_compare_and_set(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     # expected None: only when absent
     assert await c.compare_and_set("owner", None, b"A") is True
     assert await c.compare_and_set("owner", None, b"B") is False
@@ -118,7 +118,7 @@ async def test_compare_and_set(backend: Backend) -> None:
 
 
 async def test_compare_and_set_distinguishes_empty_value_from_absent(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     assert await c.compare_and_set("e", b"", b"x") is False
     await c.set("e", b"")
     assert await c.compare_and_set("e", None, b"x") is False
@@ -127,7 +127,7 @@ async def test_compare_and_set_distinguishes_empty_value_from_absent(backend: Ba
 
 
 async def test_refresh_if(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     assert await c.refresh_if("alive", b"me", 0.3) is False
     await c.set("alive", b"me", ttl_s=0.2)
     await backend.advance(0.1)
@@ -143,7 +143,7 @@ async def test_refresh_if(backend: Backend) -> None:
 async def test_refresh_many_refreshes_only_the_keys_that_hold_their_expected_value(
     backend: Backend,
 ) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     for i in range(3):
         await c.set(f"own:{i}", b"me", ttl_s=0.2)
     await backend.advance(0.1)
@@ -156,7 +156,7 @@ async def test_refresh_many_refreshes_only_the_keys_that_hold_their_expected_val
 
 
 async def test_delete(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     await c.set("d", b"1")
     await c.delete("d")
     assert await c.get("d") is None
@@ -164,7 +164,7 @@ async def test_delete(backend: Backend) -> None:
 
 
 async def test_incr_with_ttl_on_create_only(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     assert await c.incr("n") == 1
     assert await c.incr("n", 5) == 6
     assert await c.incr("n", -10) == -4
@@ -180,7 +180,7 @@ async def test_incr_with_ttl_on_create_only(backend: Backend) -> None:
 
 
 async def test_incr_of_a_non_integer_is_refused(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     await c.set("text", b"hello")
     with pytest.raises(ValueError):
         await c.incr("text")
@@ -188,7 +188,7 @@ async def test_incr_of_a_non_integer_is_refused(backend: Backend) -> None:
 
 
 async def test_get_many(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     assert await c.get_many([]) == []
     await c.set("a", b"1")
     await c.set("c", b"3")
@@ -196,7 +196,7 @@ async def test_get_many(backend: Backend) -> None:
 
 
 async def test_keys_with_prefix(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     for key in ["node:1", "node:2", "node:10", "nodes", "inst:1", "n*x", "n?y", "n[z]"]:
         await c.set(key, b"v")
     await c.set("node:gone", b"v", ttl_s=0.1)
@@ -211,7 +211,7 @@ async def test_keys_with_prefix(backend: Backend) -> None:
 
 
 async def test_keys_with_prefix_sees_many_keys(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.key_value
     for i in range(1500):  # more than one SCAN batch
         await c.set(f"bulk:{i}", b"v")
     keys = await c.keys_with_prefix("bulk:")
@@ -222,18 +222,18 @@ async def test_keys_with_prefix_sees_many_keys(backend: Backend) -> None:
 async def test_invalid_arguments_are_refused(backend: Backend) -> None:
     c = backend.coord
     with pytest.raises(ValueError):
-        await c.set("k", b"v", ttl_s=0)
+        await c.key_value.set("k", b"v", ttl_s=0)
     with pytest.raises(ValueError):
-        await c.rate_limit("r", limit=0, period_s=1)
+        await c.rate_limits.rate_limit("r", limit=0, period_s=1)
     with pytest.raises(ValueError):
-        await c.rate_limit("r", limit=1, period_s=0)
+        await c.rate_limits.rate_limit("r", limit=1, period_s=0)
 
 
 # -- rate limits ------------------------------------------------------------------------------
 
 
 async def test_rate_limit_allows_exactly_limit_then_slides(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.rate_limits
     period = 0.5
     decisions = [await c.rate_limit("api:k1", limit=5, period_s=period) for _ in range(5)]
     assert [d.allowed for d in decisions] == [True] * 5
@@ -256,7 +256,7 @@ async def test_rate_limit_allows_exactly_limit_then_slides(backend: Backend) -> 
 
 
 async def test_rate_limit_window_slides_per_call(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.rate_limits
     period = 0.6
     for _ in range(3):
         assert (await c.rate_limit("slide", limit=5, period_s=period)).allowed
@@ -274,7 +274,7 @@ async def test_rate_limit_window_slides_per_call(backend: Backend) -> None:
 
 
 async def test_rate_limit_refused_calls_are_not_counted(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.rate_limits
     assert (await c.rate_limit("r", limit=1, period_s=0.3)).allowed
     for _ in range(10):
         assert not (await c.rate_limit("r", limit=1, period_s=0.3)).allowed
@@ -287,7 +287,7 @@ async def test_rate_limit_is_exact_under_concurrency(backend: Backend) -> None:
     results: list[bool] = []
 
     async def call(coord: Coordination) -> None:
-        decision = await coord.rate_limit("burst", limit=10, period_s=30)
+        decision = await coord.rate_limits.rate_limit("burst", limit=10, period_s=30)
         results.append(decision.allowed)
 
     async with trio.open_nursery() as nursery:
@@ -301,7 +301,7 @@ async def test_rate_limit_is_shared_between_instances(backend: Backend) -> None:
     results: list[bool] = []
 
     async def call(coord: Coordination) -> None:
-        decision = await coord.rate_limit("shared", limit=10, period_s=30)
+        decision = await coord.rate_limits.rate_limit("shared", limit=10, period_s=30)
         results.append(decision.allowed)
 
     async with backend.open_peer() as peer, trio.open_nursery() as nursery:
@@ -321,12 +321,12 @@ async def _next(subscription: object, timeout: float = 2.0) -> bytes:
 
 
 async def test_publish_without_subscribers_reaches_nobody(backend: Backend) -> None:
-    assert await backend.coord.publish("inst:nobody", b"hello") == 0
-    assert await backend.coord.subscriber_count("inst:nobody") == 0
+    assert await backend.coord.pubsub.publish("inst:nobody", b"hello") == 0
+    assert await backend.coord.pubsub.subscriber_count("inst:nobody") == 0
 
 
 async def test_subscription_gets_messages_in_order(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.pubsub
     async with c.subscribe("inst:a") as sub:
         assert await c.subscriber_count("inst:a") == 1
         for i in range(200):
@@ -338,11 +338,11 @@ async def test_subscription_gets_messages_in_order(backend: Backend) -> None:
 
 
 async def test_publish_counts_every_subscriber(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.pubsub
     async with backend.open_peer() as peer:
-        async with c.subscribe("fan") as first, peer.subscribe("fan") as second:
+        async with c.subscribe("fan") as first, peer.pubsub.subscribe("fan") as second:
             assert await c.subscriber_count("fan") == 2
-            assert await peer.publish("fan", b"\x00\xffbinary") == 2
+            assert await peer.pubsub.publish("fan", b"\x00\xffbinary") == 2
             assert await _next(first) == b"\x00\xffbinary"
             assert await _next(second) == b"\x00\xffbinary"
             async with c.subscribe("other") as unrelated:
@@ -354,7 +354,7 @@ async def test_publish_counts_every_subscriber(backend: Backend) -> None:
 
 
 async def test_messages_published_before_subscribing_are_lost(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.pubsub
     assert await c.publish("late", b"before") == 0
     async with c.subscribe("late") as sub:
         await c.publish("late", b"after")
@@ -362,27 +362,27 @@ async def test_messages_published_before_subscribing_are_lost(backend: Backend) 
 
 
 async def test_subscriber_leaving_is_seen_by_publisher(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.pubsub
     async with backend.open_peer() as peer:
-        async with peer.subscribe("reply:1"):
+        async with peer.pubsub.subscribe("reply:1"):
             assert await c.publish("reply:1", b"x") == 1
         assert await c.publish("reply:1", b"x") == 0
 
 
 async def test_closed_backend_is_unavailable(backend: Backend) -> None:
     async with backend.open_peer() as peer:
-        await peer.set("k", b"v")
+        await peer.key_value.set("k", b"v")
         await peer.aclose()
         await peer.aclose()  # idempotent
         with pytest.raises(CoordinationUnavailable):
-            await peer.get("k")
+            await peer.key_value.get("k")
         with pytest.raises(CoordinationUnavailable):
-            await peer.publish("c", b"x")
-    assert await backend.coord.get("k") == b"v"
+            await peer.pubsub.publish("c", b"x")
+    assert await backend.coord.key_value.get("k") == b"v"
 
 
 async def test_closing_ends_open_subscriptions(backend: Backend) -> None:
-    async with backend.open_peer() as peer, peer.subscribe("bye") as sub:
+    async with backend.open_peer() as peer, peer.pubsub.subscribe("bye") as sub:
         await peer.aclose()
         with trio.fail_after(2):
             async for _ in sub:
@@ -390,9 +390,9 @@ async def test_closing_ends_open_subscriptions(backend: Backend) -> None:
         # The closed instance's subscription is gone for everyone else (Redis learns it from
         # the closed socket, so allow it a moment).
         with trio.move_on_after(1):
-            while await backend.coord.subscriber_count("bye"):
+            while await backend.coord.pubsub.subscriber_count("bye"):
                 await trio.sleep(0.01)
-        assert await backend.coord.publish("bye", b"x") == 0
+        assert await backend.coord.pubsub.publish("bye", b"x") == 0
 
 
 # -- Redis only -------------------------------------------------------------------------------
@@ -405,18 +405,18 @@ async def test_key_prefixes_isolate_deployments(redis_server_session: RedisServe
         RedisCoordination(url, key_prefix="iso-a") as a,
         RedisCoordination(url, key_prefix="iso-b") as b,
     ):
-        await a.set("node:1", b"a")
-        await b.set("node:2", b"b")
-        assert await a.keys_with_prefix("node:") == ["node:1"]
-        assert await b.keys_with_prefix("node:") == ["node:2"]
-        assert await a.get("node:2") is None
+        await a.key_value.set("node:1", b"a")
+        await b.key_value.set("node:2", b"b")
+        assert await a.key_value.keys_with_prefix("node:") == ["node:1"]
+        assert await b.key_value.keys_with_prefix("node:") == ["node:2"]
+        assert await a.key_value.get("node:2") is None
         for _ in range(3):
-            assert (await a.rate_limit("r", limit=3, period_s=30)).allowed
-        assert (await b.rate_limit("r", limit=3, period_s=30)).allowed
-        async with a.subscribe("inst:x"):
-            assert await b.publish("inst:x", b"hi") == 0
-            assert await b.subscriber_count("inst:x") == 0
-            assert await a.publish("inst:x", b"hi") == 1
+            assert (await a.rate_limits.rate_limit("r", limit=3, period_s=30)).allowed
+        assert (await b.rate_limits.rate_limit("r", limit=3, period_s=30)).allowed
+        async with a.pubsub.subscribe("inst:x"):
+            assert await b.pubsub.publish("inst:x", b"hi") == 0
+            assert await b.pubsub.subscriber_count("inst:x") == 0
+            assert await a.pubsub.publish("inst:x", b"hi") == 1
 
 
 # -- memory only ------------------------------------------------------------------------------
@@ -480,10 +480,10 @@ def test_memory_state_fans_out_to_sinks_in_subscription_order() -> None:
 
 async def test_memory_slow_subscriber_drops_instead_of_blocking() -> None:
     coord = MemoryCoordination(subscriber_buffer=3)
-    async with coord, coord.subscribe("slow") as sub:
+    async with coord, coord.pubsub.subscribe("slow") as sub:
         for i in range(5):
             with trio.fail_after(1):  # publish never blocks
-                assert await coord.publish("slow", b"%d" % i) == 1
+                assert await coord.pubsub.publish("slow", b"%d" % i) == 1
         assert [await _next(sub) for _ in range(3)] == [b"0", b"1", b"2"]
         assert sub.dropped == 2  # type: ignore[attr-defined]
         assert coord.state.dropped == 2
@@ -491,11 +491,11 @@ async def test_memory_slow_subscriber_drops_instead_of_blocking() -> None:
 
 async def test_memory_backend_runs_on_trio_virtual_clock(autojump_clock: trio.abc.Clock) -> None:
     async with MemoryCoordination(clock=trio.current_time) as coord:
-        await coord.set("k", b"v", ttl_s=60)
+        await coord.key_value.set("k", b"v", ttl_s=60)
         await trio.sleep(59)
-        assert await coord.get("k") == b"v"
+        assert await coord.key_value.get("k") == b"v"
         await trio.sleep(1)
-        assert await coord.get("k") is None
+        assert await coord.key_value.get("k") is None
 
 
 # -- presence ---------------------------------------------------------------------------------
@@ -504,14 +504,16 @@ REG = "presence:test"
 
 
 async def test_presence_beat_stamps_members_with_the_backend_clock(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.presence
     first = await c.presence_beat(REG, "A", b"a1", stall_after_s=5, forget_after_s=10)
     assert first.previous_beat is None and first.stalls == ()
     assert [(e.member, e.data) for e in first.entries] == [("A", b"a1")]
     assert first.entries[0].last_beat == first.now
     await backend.advance(0.2)
     async with backend.open_peer() as peer:
-        second = await peer.presence_beat(REG, "B", b"b1", stall_after_s=5, forget_after_s=10)
+        second = await peer.presence.presence_beat(
+            REG, "B", b"b1", stall_after_s=5, forget_after_s=10
+        )
     assert [(e.member, e.data) for e in second.entries] == [("A", b"a1"), ("B", b"b1")]
     beats = {e.member: e.last_beat for e in second.entries}
     assert 0.2 - SLACK <= beats["B"] - beats["A"] <= 0.2 + 1.0
@@ -523,7 +525,7 @@ async def test_presence_beat_stamps_members_with_the_backend_clock(backend: Back
 
 
 async def test_presence_keeps_stale_members_until_forgotten(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.presence
     await c.presence_beat(REG, "old", b"", stall_after_s=5, forget_after_s=0.3)
     await backend.advance(0.15)
     view = await c.presence_beat(REG, "new", b"", stall_after_s=5, forget_after_s=0.3)
@@ -534,7 +536,7 @@ async def test_presence_keeps_stale_members_until_forgotten(backend: Backend) ->
 
 
 async def test_presence_leave_removes_at_once(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.presence
     await c.presence_beat(REG, "A", b"x", stall_after_s=5, forget_after_s=10)
     await c.presence_leave(REG, "A")
     assert (await c.presence_read(REG, stall_after_s=5)).entries == ()
@@ -543,7 +545,7 @@ async def test_presence_leave_removes_at_once(backend: Backend) -> None:
 
 
 async def test_presence_records_stalls_of_the_backend(backend: Backend) -> None:
-    c = backend.coord
+    c = backend.coord.presence
     first = await c.presence_beat(REG, "A", b"", stall_after_s=0.2, forget_after_s=10)
     await backend.advance(0.1)
     await c.presence_read(REG, stall_after_s=0.2)  # calls 0.1 apart: no stall

@@ -1,5 +1,6 @@
-"""The role Protocols of coordination/roles.py: small, together exactly ``Coordination``'s
-methods (each in one role, with base.py's signature), and met by both backends."""
+"""The role Protocols of coordination/roles.py are the interface: each is small, no two share a
+method, each backend has one object per role that meets its Protocol, and every bundle
+(``Coordination``) hands out every role."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import inspect
 import pytest
 
 from coordinator.coordination import (
+    ROLES,
     Coordination,
     KeyValue,
     Leases,
@@ -20,62 +22,86 @@ from coordinator.coordination import (
     TelemetryStore,
 )
 from coordinator.coordination.redis.coordination import RedisCoordination
-from coordinator.coordination.roles import ROLES
 
 MAX_METHODS = 12
 
 
 def _methods(cls: type) -> set[str]:
-    # Only what the class itself defines: a Protocol's own members, or base.py's interface.
+    # Only what the class itself defines: a Protocol's own members, or a role object's.
     return {n for n, v in vars(cls).items() if inspect.isfunction(v) and not n.startswith("_")}
 
 
-def _every_role(backend: Coordination) -> None:
-    # Never called: mypy --strict checks these assignments, which is what proves each backend
-    # meets every role's exact signatures (isinstance below only sees that the names exist).
+def _every_role(bundle: Coordination) -> None:
+    # Never called: mypy --strict checks these assignments (what the bundle declares it hands
+    # out), and the two below check each backend's own role classes against their Protocols.
     roles: tuple[
         KeyValue, RateLimits, Presence, Leases, TelemetryStore, MonitorStore, PubSub, Lifecycle
-    ] = (backend, backend, backend, backend, backend, backend, backend, backend)
+    ] = (
+        bundle.key_value,
+        bundle.rate_limits,
+        bundle.presence,
+        bundle.leases,
+        bundle.telemetry,
+        bundle.monitor,
+        bundle.pubsub,
+        bundle,
+    )
     del roles
 
 
-def _both_backends(memory: MemoryCoordination, redis: RedisCoordination) -> None:
-    _every_role(memory)
-    _every_role(redis)
-    kv: KeyValue = redis
-    leases: Leases = memory
-    del kv, leases
+def _each_backend_meets_every_role(memory: MemoryCoordination, redis: RedisCoordination) -> None:
+    # Never called, like ``_every_role``: the concrete role classes against their Protocols
+    # (isinstance below only sees that the names exist).
+    for bundle in (memory, redis):
+        kv: KeyValue = bundle.key_value
+        rates: RateLimits = bundle.rate_limits
+        presence: Presence = bundle.presence
+        leases: Leases = bundle.leases
+        telemetry: TelemetryStore = bundle.telemetry
+        monitor: MonitorStore = bundle.monitor
+        pubsub: PubSub = bundle.pubsub
+        lifecycle: Lifecycle = bundle
+        del kv, rates, presence, leases, telemetry, monitor, pubsub, lifecycle
 
 
-@pytest.mark.parametrize("role", ROLES, ids=lambda r: r.__name__)
+def _bundles() -> list[Coordination]:
+    # Neither opens anything: the Redis one only parses its URL until it is entered.
+    return [MemoryCoordination(), RedisCoordination("redis://127.0.0.1:1")]
+
+
+@pytest.mark.parametrize("role", ROLES.values(), ids=lambda r: r.__name__)
 def test_every_role_is_small(role: type) -> None:
     assert 1 <= len(_methods(role)) <= MAX_METHODS
 
 
-def test_every_method_of_the_interface_is_in_exactly_one_role() -> None:
+def test_no_method_is_in_two_roles() -> None:
     owners: dict[str, list[str]] = {}
-    for role in ROLES:
+    for role in [*ROLES.values(), Lifecycle]:
         for name in _methods(role):
             owners.setdefault(name, []).append(role.__name__)
-    overlapping = {n: o for n, o in owners.items() if len(o) > 1}
-    assert not overlapping
-    assert set(owners) == _methods(Coordination)
+    assert not {n: o for n, o in owners.items() if len(o) > 1}
 
 
-@pytest.mark.parametrize("role", ROLES, ids=lambda r: r.__name__)
-def test_every_role_method_has_the_interfaces_signature(role: type) -> None:
-    for name in _methods(role):
-        assert inspect.signature(getattr(role, name)) == inspect.signature(
-            getattr(Coordination, name)
-        ), name
+def test_the_bundle_declares_every_role_and_only_lifecycle_methods() -> None:
+    declared = {name for name in Coordination.__annotations__ if name in ROLES}
+    assert declared == set(ROLES)
+    assert _methods(Coordination) == _methods(Lifecycle)
 
 
-@pytest.mark.parametrize("role", ROLES, ids=lambda r: r.__name__)
-@pytest.mark.parametrize("backend", [Coordination, MemoryCoordination, RedisCoordination])
-def test_every_backend_is_every_role(backend: type, role: type) -> None:
-    assert issubclass(backend, role)
+@pytest.mark.parametrize("bundle", _bundles(), ids=lambda b: type(b).__name__)
+def test_every_bundle_hands_out_every_role(bundle: Coordination) -> None:
+    assert isinstance(bundle, Lifecycle)
+    for attribute, role in ROLES.items():
+        handed = getattr(bundle, attribute)
+        assert isinstance(handed, role), (attribute, type(handed).__name__)
 
 
-def test_a_memory_backend_instance_is_every_role() -> None:
-    coordination = MemoryCoordination()
-    assert all(isinstance(coordination, role) for role in ROLES)
+@pytest.mark.parametrize("bundle", _bundles(), ids=lambda b: type(b).__name__)
+def test_each_role_object_is_one_role(bundle: Coordination) -> None:
+    """One class per role: a role object's public methods are exactly its Protocol's, and no
+    two roles share an object."""
+    objects = [getattr(bundle, attribute) for attribute in ROLES]
+    assert len({id(o) for o in objects}) == len(ROLES)
+    for attribute, role in ROLES.items():
+        cls = type(getattr(bundle, attribute))
+        assert _methods(cls) == _methods(role), (cls.__name__, _methods(cls) ^ _methods(role))

@@ -189,6 +189,16 @@ def test_silent_connections_are_found() -> None:
     assert [c.conn_id for c in table.silent(now=6.5, deadline_s=6.0)] == ["c1"]
 
 
+def test_a_connection_told_a_longer_interval_may_be_silent_longer_never_shorter() -> None:
+    table = NodeTable()
+    table.register(first := conn("c1", "a", last_seen=0.0))
+    table.lengthen_silence(first, 9.0)
+    assert table.silent(now=8.0, deadline_s=6.0) == []
+    table.lengthen_silence(first, 3.0)  # a shorter one is not taken: the scan plans on that
+    assert first.silent_after_s == 9.0
+    assert [c.conn_id for c in table.silent(now=9.5, deadline_s=6.0)] == ["c1"]
+
+
 # -- a restarted owner is a new life -----------------------------------------------------------
 
 
@@ -196,7 +206,7 @@ def test_a_restarted_owner_is_a_dead_owner_for_tasks_placed_on_its_previous_life
     from dataclasses import replace
 
     from coordinator.core.effects import Deliver, FailedEvent
-    from coordinator.core.requester import Requester
+    from coordinator.core.requests.requester import Requester
     from protocol import Assign, BusAccepted
 
     on_a = replace(view("n1"), instance_id="A", incarnation="life-1")

@@ -13,6 +13,7 @@ import random
 import pytest
 import trio
 
+from coordinator.coordination import keys
 from coordinator.coordination.bus.base import PubSubBus
 from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.memory.coordination import MemoryCoordination
@@ -29,7 +30,7 @@ class SweptWhileSending(PubSubBus):
     publish then finds nobody listening. C receives what it is sent."""
 
     def __init__(self, coordination: MemoryCoordination) -> None:
-        super().__init__(coordination)
+        super().__init__(coordination.pubsub)
         self.instance: Instance | None = None
         self.assigns: list[str] = []
         # The peers listen on their inboxes (the sweep checks every listed peer's inbox) until
@@ -62,8 +63,8 @@ async def announce_peer(coordination: MemoryCoordination, instance_id: str, node
             )
         ],
     )
-    await coordination.presence_beat(
-        registry.PRESENCE,
+    await coordination.presence.presence_beat(
+        keys.PRESENCE,
         instance_id,
         registry.encode_snapshot(snapshot),
         stall_after_s=1.0,
@@ -73,7 +74,7 @@ async def announce_peer(coordination: MemoryCoordination, instance_id: str, node
     facts = NodeFacts(
         node_id=node_id, conn_id=f"c-{node_id}", instance_id=instance_id, max_parallel=4
     )
-    await coordination.put_node_facts(facts)
+    await coordination.leases.put_node_facts(facts)
 
 
 async def start_instance(

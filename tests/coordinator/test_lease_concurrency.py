@@ -59,8 +59,10 @@ async def test_concurrent_admissions_never_exceed_the_budget(
 ) -> None:
     url = redis_server_session.url
     async with RedisCoordination(url, key_prefix=redis_key_prefix) as c:
-        await c.presence_beat("instances", "O", b"", stall_after_s=60.0, forget_after_s=60.0)
-        await c.put_node_facts(NodeFacts("n1", "c1", "O", 2, 7.0, {"m": 4.0}))
+        await c.presence.presence_beat(
+            "instances", "O", b"", stall_after_s=60.0, forget_after_s=60.0
+        )
+        await c.leases.put_node_facts(NodeFacts("n1", "c1", "O", 2, 7.0, {"m": 4.0}))
         results = await trio.to_thread.run_sync(run_hammers, url, redis_key_prefix, variant)
         peak = max(r["peak"] for r in results)
         grants = sum(r["grants"] for r in results)
@@ -71,6 +73,6 @@ async def test_concurrent_admissions_never_exceed_the_budget(
             assert peak > 2, f"the broken variant {variant} was not caught: {results}"
         else:
             assert peak <= 2, results
-            assert await c.get("holders") == b"0"
-            assert (await c.lease_usage(["n1"]))["n1"].leases == 0
-            assert await c.queue_depths(["m"], RULES) == {"m": 0}
+            assert await c.key_value.get("holders") == b"0"
+            assert (await c.leases.lease_usage(["n1"]))["n1"].leases == 0
+            assert await c.leases.queue_depths(["m"], RULES) == {"m": 0}

@@ -259,7 +259,7 @@ class LeaseMachine(RuleBasedStateMachine):
         elif action == "beat":
             self.beat(who)
         else:
-            self.portal.run(self.coord.presence_leave, REGISTRY, who)
+            self.portal.run(self.coord.presence.presence_leave, REGISTRY, who)
             self.model.beats.pop(who, None)
 
     def everyone_beats(self) -> None:
@@ -271,7 +271,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.model.beats[instance] = self.model.now
 
     async def _beat(self, instance: str) -> None:
-        await self.coord.presence_beat(
+        await self.coord.presence.presence_beat(
             REGISTRY, instance, b"", stall_after_s=600.0, forget_after_s=600.0
         )
 
@@ -293,14 +293,14 @@ class LeaseMachine(RuleBasedStateMachine):
         facts = self.model.facts.get(node)
         current = "x" if facts is None else facts.conn_id
         conn = current if action == "drop" else {"x": "y", "y": "x"}[current]
-        self.portal.run(self.coord.drop_node_facts, node, conn)
+        self.portal.run(self.coord.leases.drop_node_facts, node, conn)
         if facts is not None and facts.conn_id == conn:
             del self.model.facts[node]
 
     def put_facts(self, node: str, conn: str, owner: str) -> None:
         max_parallel, memory_gb = NODES[node]
         facts = NodeFacts(node, conn, owner, max_parallel, memory_gb, self.resident[node])
-        self.portal.run(self.coord.put_node_facts, facts)
+        self.portal.run(self.coord.leases.put_node_facts, facts)
         self.model.facts[node] = facts
 
     def candidates(self, data: st.DataObject) -> tuple[tuple[str, str], ...]:
@@ -316,7 +316,7 @@ class LeaseMachine(RuleBasedStateMachine):
         return tuple(chosen)
 
     def admit(self, ask: LeaseAsk) -> None:
-        got = view(self.portal.run(self.coord.admit, ask, self.world.rules))
+        got = view(self.portal.run(self.coord.leases.admit, ask, self.world.rules))
         assert got == self.model.admit(ask), ask
         request = self.requests[ask.request_id]
         if got[0] == "granted":
@@ -381,7 +381,7 @@ class LeaseMachine(RuleBasedStateMachine):
             pool = [*known, ("n2", "nope")]
             leases = data.draw(st.lists(st.sampled_from(pool), max_size=3))
             ttl = self.world.renew_ttl
-        assert self.portal.run(self.coord.renew_leases, leases, ttl) == self.model.renew(
+        assert self.portal.run(self.coord.leases.renew_leases, leases, ttl) == self.model.renew(
             leases, ttl
         )
         if expire and known:
@@ -400,13 +400,13 @@ class LeaseMachine(RuleBasedStateMachine):
     async def _release(
         self, ask: LeaseAsk, lease: tuple[str, str] | None, wake: list[str]
     ) -> list[tuple[str, str]]:
-        return await self.coord.release(LeaseRelease(request_id=ask.request_id, key_id=ask.key_id, model=ask.model, lease=lease, wake_models=wake), self.world.rules)  # fmt: skip
+        return await self.coord.leases.release(LeaseRelease(request_id=ask.request_id, key_id=ask.key_id, model=ask.model, lease=lease, wake_models=wake), self.world.rules)  # fmt: skip
 
     # -- invariants -----------------------------------------------------------------------------
 
     @invariant()
     def views_match_and_budgets_hold(self) -> None:
-        usage = self.portal.run(self.coord.lease_usage, sorted(NODES))
+        usage = self.portal.run(self.coord.leases.lease_usage, sorted(NODES))
         for node, (max_parallel, memory_gb) in NODES.items():
             held = self.model.held(node)
             assert usage[node].leases == len(held) <= max_parallel
@@ -416,7 +416,7 @@ class LeaseMachine(RuleBasedStateMachine):
             if held and memory_gb is not None and node in self.model.facts:
                 assert usage[node].memory_gb <= memory_gb + EPSILON
         models = sorted(CATALOG)
-        depths = self.portal.run(self.coord.queue_depths, models, self.world.rules)
+        depths = self.portal.run(self.coord.leases.queue_depths, models, self.world.rules)
         for m in models:
             self.model.head(m)  # the backend judged each head the same way
         assert depths == {m: len(self.model.queues[m]) for m in models}

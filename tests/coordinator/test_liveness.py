@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from coordinator.core.liveness import (
+    FreezeWatch,
     LivenessJudge,
     LivenessTiming,
     failover_bound_s,
@@ -168,3 +169,28 @@ def test_own_presence_lapses_only_outside_server_stalls() -> None:
     )
     # ... but a long silence before the pause still counts.
     assert presence_lapsed(previous_beat=100.0, now=106.5, stalls=[(102.5, 106.0)], alive_ttl_s=ttl)
+
+
+# -- our own process frozen --------------------------------------------------------------------
+
+
+def test_a_late_tick_holds_off_the_silence_verdict_for_one_heartbeat() -> None:
+    # sweep 0.5 s, heartbeat 1 s: a tick more than 2 s after the last one means a freeze.
+    watch = FreezeWatch(sweep_s=0.5, heartbeat_s=1.0, silence_deadline_s=3.0, now=100.0)
+    assert watch.tick(100.5) == 3.0
+    assert watch.tick(102.5) == 3.0  # 2 s late: slow, not frozen
+    # Frozen 102.5 .. 110: the heartbeats of those 7.5 s wait in the sockets, unread.
+    assert watch.tick(110.0) is None
+    assert watch.tick(110.5) is None
+    assert watch.tick(111.0) == 3.0  # a heartbeat interval later they have been read
+    # A second freeze while the first is still held off starts the wait again.
+    watch = FreezeWatch(sweep_s=0.5, heartbeat_s=1.0, silence_deadline_s=3.0, now=0.0)
+    assert watch.tick(5.0) is None
+    assert watch.tick(9.0) is None and watch.tick(9.5) is None
+    assert watch.tick(10.0) == 3.0
+
+
+def test_the_freeze_threshold_follows_the_longer_of_sweep_and_heartbeat() -> None:
+    watch = FreezeWatch(sweep_s=3.0, heartbeat_s=1.0, silence_deadline_s=3.0, now=0.0)
+    assert watch.tick(6.0) == 3.0  # twice the sweep: on the edge, not frozen
+    assert watch.tick(12.5) is None

@@ -22,10 +22,10 @@ async def test_redis_ops_are_timed_and_failures_counted(redis_server: RedisServe
     metrics = Metrics(dict)
     async with RedisCoordination(redis_server.url, key_prefix="m") as c:
         c.op_observer = metrics.redis_op
-        await c.set("k", b"v")
-        await c.get("k")
-        await c.get("k")
-        async with c.subscribe("ch"):
+        await c.key_value.set("k", b"v")
+        await c.key_value.get("k")
+        await c.key_value.get("k")
+        async with c.pubsub.subscribe("ch"):
             pass
         count = "gemmanet_redis_op_duration_seconds_count"
         assert sample(metrics, count, op="GET") == 2
@@ -34,6 +34,6 @@ async def test_redis_ops_are_timed_and_failures_counted(redis_server: RedisServe
         assert sample(metrics, "gemmanet_redis_errors_total", op="GET") == 0
         redis_server.stop()
         with pytest.raises(CoordinationUnavailable), trio.fail_after(5):
-            await c.get("k")
+            await c.key_value.get("k")
         assert sample(metrics, "gemmanet_redis_errors_total", op="GET") == 1
         assert sample(metrics, count, op="GET") == 3

@@ -103,6 +103,23 @@ def test_the_alerts_fire_against_the_baseline_as_promtool_sees_them() -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_process_series_are_exported_too() -> None:
+    """prometheus-client's process and platform collectors, on the instance's own registry."""
+    samples = {
+        s.name: s
+        for f in text_string_to_metric_families(Metrics(lambda: DIAGNOSTICS).exposition().decode())
+        for s in f.samples
+    }
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ):
+        assert samples[name].value > 0, name
+    assert samples["python_info"].labels["implementation"] == "CPython"
+
+
 def test_two_instances_in_one_process_keep_their_counts_apart() -> None:
     first, second = Metrics(lambda: DIAGNOSTICS), Metrics(lambda: DIAGNOSTICS)
     first.task_outcome("task_timeout")

@@ -34,7 +34,7 @@ FAST = {
 async def wait_for_facts(coord: Coordination, host: str, epoch: int, timeout_s: float = 10):
     with trio.fail_after(timeout_s):
         while True:
-            facts = (await coord.host_facts([host])).get(host)
+            facts = (await coord.monitor.host_facts([host])).get(host)
             if facts is not None and facts.epoch == epoch:
                 return facts
             await trio.sleep(0.05)
@@ -70,14 +70,16 @@ async def test_the_primary_writes_each_hosts_facts_and_a_standby_takes_over(
 
         async def first_monitor(task_status: trio.TaskStatus[None]) -> None:
             with first_scope:
-                await run_monitor(first, settings, "one", task_status=task_status)
+                await run_monitor(
+                    first.monitor, first.telemetry, settings, "one", task_status=task_status
+                )
 
         await nursery.start(first_monitor)
         facts = await wait_for_facts(reader, "box-o", 1)
         assert facts.reachable and facts.resident == {"big:27b": 17.4}
         assert facts.record["models"] == ["big:27b", "small:1b"]
         assert facts.record["kind"] == "ollama"
-        all_facts = await reader.host_facts()
+        all_facts = await reader.monitor.host_facts()
         assert all_facts["box-v"].reachable and all_facts["box-v"].record["models"] == [
             "served-a",
             "served-b",
@@ -87,15 +89,15 @@ async def test_the_primary_writes_each_hosts_facts_and_a_standby_takes_over(
         assert not down.reachable and down.record["error"]
         assert all(f.age_s < 1.0 for f in all_facts.values())
 
-        await nursery.start(partial(run_monitor, second, settings, "two"))
+        await nursery.start(partial(run_monitor, second.monitor, second.telemetry, settings, "two"))
         await trio.sleep(0.4)
-        status = await reader.monitor_status()
+        status = await reader.monitor.monitor_status()
         assert (status.holder, status.epoch) == ("one", 1)  # the standby waits
         # The primary dies without resigning: the standby takes over after the TTL.
         first_scope.cancel()
         with trio.fail_after(5):
             await wait_for_facts(reader, "box-o", 2)
-        assert (await reader.monitor_status()).holder == "two"
+        assert (await reader.monitor.monitor_status()).holder == "two"
         nursery.cancel_scope.cancel()
 
 
@@ -112,7 +114,7 @@ async def test_a_monitor_inside_an_instance_on_the_embedded_backend(
         instance = await nursery.start(partial(run_instance, settings))
         facts = await wait_for_facts(instance.coordination, "box-o", 1)
         assert facts.resident == {"big:27b": 17.4}
-        assert (await instance.coordination.monitor_status()).holder == settings.instance_id
+        assert (await instance.coordination.monitor.monitor_status()).holder == settings.instance_id
         nursery.cancel_scope.cancel()
 
 

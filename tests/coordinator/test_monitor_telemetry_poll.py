@@ -71,19 +71,30 @@ async def test_the_primary_keeps_each_agents_history_and_a_standby_polls_nothing
     coordination = MemoryCoordination(trio.current_time)
     async with coordination:
         # Another candidate holds the lease: this one is a standby and polls nothing.
-        await coordination.monitor_acquire("other", ttl_s=60)
+        await coordination.monitor.monitor_acquire("other", ttl_s=60)
         with trio.move_on_after(1.0):
-            await run_monitor(coordination, settings, "standby")
-        assert await coordination.telemetry_history("with-agent") == []
+            await run_monitor(coordination.monitor, coordination.telemetry, settings, "standby")
+        assert await coordination.telemetry.telemetry_history("with-agent") == []
 
-        await coordination.monitor_resign("other", (await coordination.monitor_status()).epoch)
+        await coordination.monitor.monitor_resign(
+            "other", (await coordination.monitor.monitor_status()).epoch
+        )
         stop = trio.Event()
-        nursery.start_soon(partial(run_monitor, coordination, settings, "primary", stop=stop))
+        nursery.start_soon(
+            partial(
+                run_monitor,
+                coordination.monitor,
+                coordination.telemetry,
+                settings,
+                "primary",
+                stop=stop,
+            )
+        )
         with trio.fail_after(10):
-            while len(await coordination.telemetry_history("with-agent")) < 3:
+            while len(await coordination.telemetry.telemetry_history("with-agent")) < 3:
                 await trio.sleep(0.05)
         stop.set()
-        samples = await coordination.telemetry_history("with-agent")
+        samples = await coordination.telemetry.telemetry_history("with-agent")
         assert all(b'"cpu_busy"' in s for s in samples), samples
         for node in ("agent-down", "not-a-sample", "no-agent"):
-            assert await coordination.telemetry_history(node) == [], node
+            assert await coordination.telemetry.telemetry_history(node) == [], node

@@ -17,7 +17,8 @@ def raw(at: float) -> msgspec.Raw:
 
 
 async def test_writes_are_paced_and_junk_is_dropped() -> None:
-    async with MemoryCoordination() as store:
+    async with MemoryCoordination() as coordination:
+        store = coordination.telemetry
         telemetry = NodeTelemetry(store, interval_s=0.2)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(telemetry.run)

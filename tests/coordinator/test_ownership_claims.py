@@ -9,7 +9,9 @@ from collections.abc import Sequence
 import trio
 import trio.testing
 
+from coordinator.coordination import keys
 from coordinator.coordination.memory.coordination import MemoryCoordination
+from coordinator.coordination.memory.roles import MemoryKeyValue
 from coordinator.core import registry
 from coordinator.core.node_table import NodeConnection
 from coordinator.runtime.cluster.ownership import Ownership, refresh_turns
@@ -28,11 +30,11 @@ def conn(node_id: str, conn_id: str) -> NodeConnection:
     )
 
 
-class GatedClaims(MemoryCoordination):
+class GatedClaims(MemoryKeyValue):
     """Claims wait at a gate; a compare-and-set may first let a pending claim land."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(MemoryCoordination().link)
         self.gate = trio.Event()
         self.land_before_cas: tuple[str, bytes] | None = None
 
@@ -79,7 +81,7 @@ async def test_a_claim_in_flight_is_not_checked_and_is_ours_once_written() -> No
         coord.gate.set()
         await trio.testing.wait_all_tasks_blocked()
         assert claimed == [None]  # nobody owned n1 before
-        assert await coord.get(registry.owner_key("n1")) == registry.owner_value("I0", "c1")
+        assert await coord.get(keys.owner_key("n1")) == registry.owner_value("I0", "c1")
         assert await ownership.confirm_all([c]) == []
         nursery.cancel_scope.cancel()
 
@@ -88,7 +90,7 @@ async def test_a_claim_landing_between_the_refresh_and_the_take_back_is_ours() -
     coord = GatedClaims()
     ownership = Ownership(coord, "I0", ttl_s=30.0)
     c = conn("n1", "c1")
-    key, mine = registry.owner_key("n1"), registry.owner_value("I0", "c1")
+    key, mine = keys.owner_key("n1"), registry.owner_value("I0", "c1")
     # The record is absent when refreshed, and our own claim writes it just before the
     # take-back's compare-and-set (expects absent) runs.
     coord.land_before_cas = (key, mine)
@@ -99,9 +101,9 @@ async def test_a_claim_landing_between_the_refresh_and_the_take_back_is_ours() -
     assert await ownership.confirm(c) is False
 
 
-class CountingReads(MemoryCoordination):
+class CountingReads(MemoryKeyValue):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(MemoryCoordination().link)
         self.record_reads = 0
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -141,19 +143,19 @@ async def test_a_lost_store_resets_the_counter_and_the_records_are_read_again() 
         nursery.start_soon(mine.run)
         await mine.claim(a)
         assert await mine.owned_elsewhere([a]) == []
-        await coord.delete(registry.OWNERS_CHANGED)  # a Redis restart without persistence
-        await coord.delete(registry.owner_key("n1"))
+        await coord.delete(keys.OWNERS_CHANGED)  # a Redis restart without persistence
+        await coord.delete(keys.owner_key("n1"))
         assert await mine.owned_elsewhere([a]) == []  # read again, and claimed back
         assert coord.record_reads == 2
-        assert await coord.get(registry.owner_key("n1")) == registry.owner_value("I0", "c1")
+        assert await coord.get(keys.owner_key("n1")) == registry.owner_value("I0", "c1")
         nursery.cancel_scope.cancel()
 
 
-class CountedRefreshes(MemoryCoordination):
+class CountedRefreshes(MemoryKeyValue):
     """Counts the records each batched refresh touches."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(MemoryCoordination().link)
         self.refreshed: list[list[str]] = []
 
     async def refresh_many(self, items: Sequence[tuple[str, bytes]], ttl_s: float) -> list[bool]:
@@ -180,6 +182,6 @@ async def test_each_beat_refreshes_its_share_and_every_record_once_per_period() 
     assert max(len(keys) for keys in coord.refreshed) <= 10
     assert len(coord.refreshed) == 20
     first, second = coord.refreshed[:10], coord.refreshed[10:]
-    expected = sorted(registry.owner_key(f"n{i}") for i in range(100) if i != 7)
+    expected = sorted(keys.owner_key(f"n{i}") for i in range(100) if i != 7)
     assert sorted(k for keys in first for k in keys) == expected
     assert second == first

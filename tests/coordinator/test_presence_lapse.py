@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from coordinator.coordination import keys
 from coordinator.coordination.memory.coordination import MemoryCoordination
+from coordinator.coordination.memory.roles import MemoryKeyValue
 from coordinator.core import registry
 from coordinator.core.effects import Effect
 from coordinator.core.instance_machine import InstanceMachine
@@ -20,12 +22,12 @@ from coordinator.runtime.cluster.supervision import Supervisor
 from coordinator.settings import Settings
 
 
-class CountingCoordination(MemoryCoordination):
+class CountingCoordination(MemoryKeyValue):
     """Counts the operations the instance asks for: against Redis each is one round trip (a
     batch too); this in-memory store carries out a batch key by key, which is not counted."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        super().__init__(clock)
+        super().__init__(MemoryCoordination(clock).link)
         self.calls: list[str] = []
         self._in_batch = False
 
@@ -93,9 +95,9 @@ async def test_a_lapse_rechecks_every_node_in_one_round_trip() -> None:
             await instance.ownership.claim(conn)
         # while we were gone, another instance took n7 over
         await coordination.swap_many(
-            [(registry.owner_key("n7"), registry.owner_value("B", "c-elsewhere"))],
+            [(keys.owner_key("n7"), registry.owner_value("B", "c-elsewhere"))],
             ttl_s=15.0,
-            bump=registry.OWNERS_CHANGED,
+            bump=keys.OWNERS_CHANGED,
         )
         coordination.calls.clear()
         await Supervisor(instance).after_presence_lapsed()  # type: ignore[arg-type]

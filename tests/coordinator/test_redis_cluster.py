@@ -23,6 +23,7 @@ from coordinator.coordination.bus.streams import StreamsBus
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
 from coordinator.coordination.redis.acl import instance_acl_rules
 from coordinator.coordination.redis.connect.cluster import key_slot, plain_url, tagged_prefix
+from coordinator.coordination.redis.connect.link import RedisLink
 from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.coordination.redis.scripts import LuaScript
 from coordinator.errors import SettingsError
@@ -79,16 +80,19 @@ def _all_scripts() -> set[str]:
     return names
 
 
-class _Recording(RedisCoordination):
-    """Remembers the slots of the keys of every script it runs."""
+class _Recording:
+    """Remembers the slots of the keys of every script a link runs (its ``run_script``)."""
 
-    seen: dict[str, set[int]]
+    def __init__(self, link: RedisLink) -> None:
+        self.seen: dict[str, set[int]] = {}
+        self._run_script = link.run_script
+        link.run_script = self.run_script  # type: ignore[method-assign]
 
-    async def _eval(
+    async def run_script(
         self, script: LuaScript, keys: Sequence[str], args: Sequence[Any], *, lane: str = "main"
     ) -> Any:
         self.seen.setdefault(script.name, set()).update(key_slot(k) for k in keys)
-        return await super()._eval(script, keys, args, lane=lane)
+        return await self._run_script(script, keys, args, lane=lane)
 
 
 async def test_every_script_keeps_its_keys_in_the_home_slot(
@@ -105,47 +109,50 @@ async def test_every_script_keeps_its_keys_in_the_home_slot(
         assert reply.startswith(b"+OK"), reply
     url = cluster.url.replace("://", f"://{user}@")
     rules = AdmissionRules("instances", 5.0, 5.0, 10.0, 10, 2)
-    async with _Recording(url, key_prefix=redis_key_prefix, password=password) as c:
-        c.seen = {}
-        await c.compare_and_set("k", None, b"1")
-        assert await c.refresh_if("k", b"1", 5.0)
-        assert await c.refresh_many([("k", b"1"), ("absent", b"1")], 5.0) == [True, False]
-        assert await c.swap_many([("k", b"1"), ("s", b"1")], ttl_s=5.0, bump="b") == [b"1", None]
-        await c.incr("n", ttl_s=5.0)
-        await c.rate_limit("r", limit=2, period_s=1.0)
-        await c.presence_beat("instances", "A", b"", stall_after_s=5, forget_after_s=5)
-        await c.put_node_facts(NodeFacts("n1", "c1", "A", 2))
+    async with RedisCoordination(url, key_prefix=redis_key_prefix, password=password) as c:
+        recording = _Recording(c.link)
+        await c.key_value.compare_and_set("k", None, b"1")
+        assert await c.key_value.refresh_if("k", b"1", 5.0)
+        assert await c.key_value.refresh_many([("k", b"1"), ("absent", b"1")], 5.0) == [True, False]
+        assert await c.key_value.swap_many([("k", b"1"), ("s", b"1")], ttl_s=5.0, bump="b") == [
+            b"1",
+            None,
+        ]
+        await c.key_value.incr("n", ttl_s=5.0)
+        await c.rate_limits.rate_limit("r", limit=2, period_s=1.0)
+        await c.presence.presence_beat("instances", "A", b"", stall_after_s=5, forget_after_s=5)
+        await c.leases.put_node_facts(NodeFacts("n1", "c1", "A", 2))
         ask = LeaseAsk("r1", "A", "key", "m", 0.0, 0.0, (("n1", "c1"), ("n2", "c2")), "l1", 5.0)
-        admission = await c.admit(ask, rules)
+        admission = await c.leases.admit(ask, rules)
         assert admission.outcome == "granted", admission
-        assert await c.renew_leases([("n1", "l1"), ("n2", "l2")], 5.0) == [True, False]
-        await c.lease_usage(["n1", "n2"])
-        await c.queue_depths(["m", "other"], rules)
-        await c.release(LeaseRelease("r1", "key", "m", ("n1", "l1"), ("m", "other")), rules)
-        await c.drop_node_facts("n1", "c1")
-        claim = await c.monitor_acquire("M", 5.0)
+        assert await c.leases.renew_leases([("n1", "l1"), ("n2", "l2")], 5.0) == [True, False]
+        await c.leases.lease_usage(["n1", "n2"])
+        await c.leases.queue_depths(["m", "other"], rules)
+        await c.leases.release(LeaseRelease("r1", "key", "m", ("n1", "l1"), ("m", "other")), rules)
+        await c.leases.drop_node_facts("n1", "c1")
+        claim = await c.monitor.monitor_acquire("M", 5.0)
         assert claim.held
-        assert await c.monitor_renew("M", claim.epoch, 5.0)
-        assert await c.write_host_facts("M", claim.epoch, "h1", b"{}")
-        await c.host_facts()
-        assert await c.monitor_resign("M", claim.epoch)
-        await c.append_telemetry("n1", b"s", keep=3, ttl_s=5.0)
-        await c.latest_telemetry(["n1", "n2", "n3"])
-        bus = StreamsBus(c, presence_ttl_s=2.0, refresh_s=0.5)
+        assert await c.monitor.monitor_renew("M", claim.epoch, 5.0)
+        assert await c.monitor.write_host_facts("M", claim.epoch, "h1", b"{}")
+        await c.monitor.host_facts()
+        assert await c.monitor.monitor_resign("M", claim.epoch)
+        await c.telemetry.append_telemetry("n1", b"s", keep=3, ttl_s=5.0)
+        await c.telemetry.latest_telemetry(["n1", "n2", "n3"])
+        bus = StreamsBus(c.link, presence_ttl_s=2.0, refresh_s=0.5)
         async with bus.listen("A") as inbox:
             assert await bus.send("A", b"hello") == 1
             with trio.fail_after(5):
                 assert await inbox.__anext__() == b"hello"
         assert await bus.is_listening("A") is False
-        async with c.subscribe("ch") as channel:
-            assert await c.subscriber_count("ch") == 1
-            assert await c.publish("ch", b"sharded") == 1
+        async with c.pubsub.subscribe("ch") as channel:
+            assert await c.pubsub.subscriber_count("ch") == 1
+            assert await c.pubsub.publish("ch", b"sharded") == 1
             with trio.fail_after(5):
                 assert await channel.__anext__() == b"sharded"
-        assert {"k", "n"} <= set(await c.keys_with_prefix(""))
-    assert set(c.seen) == _all_scripts()
+        assert {"k", "n"} <= set(await c.key_value.keys_with_prefix(""))
+    assert set(recording.seen) == _all_scripts()
     home = key_slot(tagged_prefix(redis_key_prefix))
-    assert all(slots == {home} for slots in c.seen.values()), c.seen
+    assert all(slots == {home} for slots in recording.seen.values()), recording.seen
 
 
 def _bulk(reply: bytes) -> str:
@@ -202,21 +209,21 @@ async def test_a_moved_slot_is_followed(
     home = cluster.node_for_slot(slot)
     other = next(node for node in cluster.nodes if node is not home)
     async with RedisCoordination(cluster.url, key_prefix=redis_key_prefix) as c:
-        await c.set("k", b"before")
-        await c.incr("n")
+        await c.key_value.set("k", b"before")
+        await c.key_value.incr("n")
         try:
-            async with c.subscribe("ch") as inbox:
+            async with c.pubsub.subscribe("ch") as inbox:
                 await trio.to_thread.run_sync(_move_slot, cluster, slot, home, other)
                 with trio.fail_after(5), pytest.raises(CoordinationUnavailable, match="lost"):
                     await inbox.__anext__()
-            assert await c.get("k") == b"before"
-            assert await c.incr("n") == 2
+            assert await c.key_value.get("k") == b"before"
+            assert await c.key_value.incr("n") == 2
             assert (
                 _bulk(other.raw_command("GET", tagged_prefix(redis_key_prefix) + "k")) == "before"
             )
-            async with c.subscribe("ch") as inbox:
-                assert await c.subscriber_count("ch") == 1
-                assert await c.publish("ch", b"after the move") == 1
+            async with c.pubsub.subscribe("ch") as inbox:
+                assert await c.pubsub.subscriber_count("ch") == 1
+                assert await c.pubsub.publish("ch", b"after the move") == 1
                 with trio.fail_after(5):
                     assert await inbox.__anext__() == b"after the move"
         finally:

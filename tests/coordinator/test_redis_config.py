@@ -30,13 +30,13 @@ async def test_password_from_file(redis_server_factory: ServerFactory, tmp_path:
 
     coord = RedisCoordination.from_url_and_password_file(server.url, str(password_file), "pw")
     async with coord:
-        await coord.set("k", b"v")
-        assert await coord.get("k") == b"v"
+        await coord.key_value.set("k", b"v")
+        assert await coord.key_value.get("k") == b"v"
         assert secret not in repr(coord)
 
     async with RedisCoordination(server.url, key_prefix="pw") as anonymous:
         with pytest.raises(CoordinationUnavailable) as refused:
-            await anonymous.get("k")
+            await anonymous.key_value.get("k")
         assert secret not in str(refused.value)
 
     wrong_file = tmp_path / "wrong"
@@ -56,7 +56,7 @@ def test_unreadable_password_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_no_password_file_means_no_password() -> None:
     coord = RedisCoordination.from_url_and_password_file("redis://127.0.0.1:1/0", None, "gn")
-    assert coord.key_prefix == "gn"
+    assert coord.link.key_prefix == "gn"
 
 
 def test_urls_are_redacted_in_messages() -> None:
@@ -74,17 +74,17 @@ async def test_every_key_and_channel_carries_the_prefix(
     server = redis_server_session
     prefix = redis_key_prefix
     async with RedisCoordination(server.url, key_prefix=prefix) as c:
-        await c.set("node:1", b"v")
-        await c.swap("swapped", b"v")
-        await c.compare_and_set("cas", None, b"v")
-        await c.incr("counter")
-        await c.rate_limit("rate", limit=5, period_s=2)
+        await c.key_value.set("node:1", b"v")
+        await c.key_value.swap("swapped", b"v")
+        await c.key_value.compare_and_set("cas", None, b"v")
+        await c.key_value.incr("counter")
+        await c.rate_limits.rate_limit("rate", limit=5, period_s=2)
         raw_keys = server.raw_command("KEYS", f"{prefix}:*")
         for key in ("node:1", "swapped", "cas", "counter", "rate"):
             assert f"{prefix}:{key}".encode() in raw_keys
         assert b"\r\nnode:1\r\n" not in server.raw_command("KEYS", "*")
 
-        async with c.subscribe("inst:7"):
+        async with c.pubsub.subscribe("inst:7"):
             channels = server.raw_command("PUBSUB", "CHANNELS", f"{prefix}:*")
             assert f"{prefix}:inst:7".encode() in channels
 
@@ -95,9 +95,9 @@ async def test_ttls_and_rate_limit_expiry_are_set_on_the_server(
     server = redis_server_session
     prefix = redis_key_prefix
     async with RedisCoordination(server.url, key_prefix=prefix) as c:
-        await c.set("k", b"v", ttl_s=12.5)
-        await c.rate_limit("rate", limit=5, period_s=2)
-        await c.incr("counter", ttl_s=3)
+        await c.key_value.set("k", b"v", ttl_s=12.5)
+        await c.rate_limits.rate_limit("rate", limit=5, period_s=2)
+        await c.key_value.incr("counter", ttl_s=3)
     ttl = int(server.raw_command("PTTL", f"{prefix}:k")[1:].strip())
     assert 12_000 < ttl <= 12_500
     # The sliding-window log cleans itself up one period after the last allowed call.
@@ -111,11 +111,11 @@ async def test_tls_via_rediss_url(redis_server_factory: ServerFactory) -> None:
     server = redis_server_factory(tls=True)
     assert server.url.startswith("rediss://")
     async with RedisCoordination(server.url, key_prefix="tls") as c:
-        await c.set("k", b"over tls")
-        assert await c.get("k") == b"over tls"
-        assert (await c.rate_limit("r", limit=1, period_s=1)).allowed
-        async with c.subscribe("ch") as sub:
-            assert await c.publish("ch", b"secret") == 1
+        await c.key_value.set("k", b"over tls")
+        assert await c.key_value.get("k") == b"over tls"
+        assert (await c.rate_limits.rate_limit("r", limit=1, period_s=1)).allowed
+        async with c.pubsub.subscribe("ch") as sub:
+            assert await c.pubsub.publish("ch", b"secret") == 1
             with trio.fail_after(2):
                 async for message in sub:
                     assert message == b"secret"
@@ -135,7 +135,7 @@ async def test_tls_with_an_untrusted_certificate_is_unavailable(
 async def test_using_it_without_entering_is_a_programming_error() -> None:
     coord = RedisCoordination("redis://127.0.0.1:1/0")
     with pytest.raises(RuntimeError, match="async with"):
-        await coord.get("k")
+        await coord.key_value.get("k")
 
 
 async def test_run_in_a_nursery(redis_server_session: RedisServer, redis_key_prefix: str) -> None:
@@ -143,11 +143,11 @@ async def test_run_in_a_nursery(redis_server_session: RedisServer, redis_key_pre
     async with trio.open_nursery() as nursery:
         started = await nursery.start(coord.run)
         assert started is coord
-        await coord.set("k", b"v")
-        assert await coord.get("k") == b"v"
+        await coord.key_value.set("k", b"v")
+        assert await coord.key_value.get("k") == b"v"
         await coord.aclose()  # ends run(), so the nursery can close
     with pytest.raises(CoordinationUnavailable):
-        await coord.get("k")
+        await coord.key_value.get("k")
 
 
 async def test_settings_pick_the_backend(
@@ -161,5 +161,5 @@ async def test_settings_pick_the_backend(
     coord = create_coordination(server.url, password_file=str(password_file), key_prefix="cfg")
     assert isinstance(coord, RedisCoordination)
     async with coord:
-        await coord.set("k", b"v")
+        await coord.key_value.set("k", b"v")
     assert b"cfg:k" in server.raw_command("KEYS", "*")

@@ -16,6 +16,7 @@ import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
 from coordinator.coordination.redis.coordination import RedisCoordination
+from coordinator.errors import CoordinationTimeout
 from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -23,24 +24,24 @@ pytestmark = pytest.mark.redis
 BOUND_S = 1.5  # the promise: CoordinationUnavailable within ~1 s, asserted with some slack
 
 OPERATIONS: dict[str, Callable[[Coordination], Awaitable[object]]] = {
-    "get": lambda c: c.get("k"),
-    "get_many": lambda c: c.get_many(["k", "j"]),
-    "set": lambda c: c.set("k", b"v", ttl_s=5),
-    "swap": lambda c: c.swap("k", b"v"),
-    "compare_and_set": lambda c: c.compare_and_set("k", None, b"v"),
-    "refresh_if": lambda c: c.refresh_if("k", b"v", 5),
-    "delete": lambda c: c.delete("k"),
-    "incr": lambda c: c.incr("n", ttl_s=5),
-    "keys_with_prefix": lambda c: c.keys_with_prefix(""),
-    "rate_limit": lambda c: c.rate_limit("r", limit=5, period_s=1),
-    "publish": lambda c: c.publish("ch", b"x"),
-    "subscriber_count": lambda c: c.subscriber_count("ch"),
+    "get": lambda c: c.key_value.get("k"),
+    "get_many": lambda c: c.key_value.get_many(["k", "j"]),
+    "set": lambda c: c.key_value.set("k", b"v", ttl_s=5),
+    "swap": lambda c: c.key_value.swap("k", b"v"),
+    "compare_and_set": lambda c: c.key_value.compare_and_set("k", None, b"v"),
+    "refresh_if": lambda c: c.key_value.refresh_if("k", b"v", 5),
+    "delete": lambda c: c.key_value.delete("k"),
+    "incr": lambda c: c.key_value.incr("n", ttl_s=5),
+    "keys_with_prefix": lambda c: c.key_value.keys_with_prefix(""),
+    "rate_limit": lambda c: c.rate_limits.rate_limit("r", limit=5, period_s=1),
+    "publish": lambda c: c.pubsub.publish("ch", b"x"),
+    "subscriber_count": lambda c: c.pubsub.subscriber_count("ch"),
     "ping": lambda c: c.ping(),
 }
 
 
 async def _subscribe_once(c: Coordination) -> None:
-    async with c.subscribe("ch"):
+    async with c.pubsub.subscribe("ch"):
         pass
 
 
@@ -56,12 +57,12 @@ async def _assert_unavailable_fast(operation: Awaitable[object]) -> float:
 
 async def _assert_works(c: Coordination) -> None:
     await c.ping()
-    assert await c.set("probe", b"ok") is True
-    assert await c.get("probe") == b"ok"
-    assert await c.incr("probe-n") >= 1
-    assert (await c.rate_limit("probe-r", limit=100, period_s=1)).allowed
-    async with c.subscribe("probe-ch") as sub:
-        assert await c.publish("probe-ch", b"hi") == 1
+    assert await c.key_value.set("probe", b"ok") is True
+    assert await c.key_value.get("probe") == b"ok"
+    assert await c.key_value.incr("probe-n") >= 1
+    assert (await c.rate_limits.rate_limit("probe-r", limit=100, period_s=1)).allowed
+    async with c.pubsub.subscribe("probe-ch") as sub:
+        assert await c.pubsub.publish("probe-ch", b"hi") == 1
         with trio.fail_after(2):
             async for message in sub:
                 assert message == b"hi"
@@ -70,9 +71,9 @@ async def _assert_works(c: Coordination) -> None:
 
 async def _assert_connections_settle(c: RedisCoordination, at_most: int) -> None:
     with trio.move_on_after(1):
-        while c.open_connections > at_most:
+        while c.link.open_connections > at_most:
             await trio.sleep(0.01)
-    assert c.open_connections <= at_most
+    assert c.link.open_connections <= at_most
 
 
 async def test_every_operation_fails_fast_when_redis_is_killed(redis_server: RedisServer) -> None:
@@ -96,7 +97,7 @@ async def test_concurrent_operations_all_fail_fast_when_redis_dies_mid_flight(
             while time.monotonic() < deadline:
                 started = time.monotonic()
                 try:
-                    await c.incr("n")
+                    await c.key_value.incr("n")
                     outcomes.append("ok")
                 except CoordinationUnavailable:
                     outcomes.append("unavailable")
@@ -115,13 +116,13 @@ async def test_same_client_works_again_after_restart(redis_server: RedisServer) 
         await _assert_works(c)
         for _ in range(3):  # repeated outages leave nothing behind
             redis_server.stop()
-            await _assert_unavailable_fast(c.get("probe"))
-            await _assert_unavailable_fast(c.rate_limit("probe-r", limit=1, period_s=1))
+            await _assert_unavailable_fast(c.key_value.get("probe"))
+            await _assert_unavailable_fast(c.rate_limits.rate_limit("probe-r", limit=1, period_s=1))
             redis_server.start()
             # The restarted server lost its data and its Lua script cache; both are fine.
             await _assert_works(c)
         # The shared one (plus the lean path's publisher): no leaked subscriptions.
-        await _assert_connections_settle(c, 2 if c.bus_client == "lean" else 1)
+        await _assert_connections_settle(c, 2 if c.pubsub.bus_client == "lean" else 1)
 
 
 async def test_client_started_while_redis_is_down(redis_server: RedisServer) -> None:
@@ -134,7 +135,7 @@ async def test_client_started_while_redis_is_down(redis_server: RedisServer) -> 
 
 async def test_operations_time_out_when_redis_hangs(redis_server: RedisServer) -> None:
     async with RedisCoordination(redis_server.url, key_prefix="t", op_timeout_s=0.5) as c:
-        await c.set("k", b"v")
+        await c.key_value.set("k", b"v")
         redis_server.pause()
         try:
             for name in ("get", "set", "rate_limit", "publish"):
@@ -143,14 +144,14 @@ async def test_operations_time_out_when_redis_hangs(redis_server: RedisServer) -
             await _assert_unavailable_fast(_subscribe_once(c))
         finally:
             redis_server.resume()
-        assert await c.get("k") == b"v"
+        assert await c.key_value.get("k") == b"v"
         await _assert_works(c)
 
 
 async def test_subscription_raises_when_redis_is_killed(redis_server: RedisServer) -> None:
     async with RedisCoordination(redis_server.url, key_prefix="t") as c:
-        async with c.subscribe("inst:1") as sub:
-            await c.publish("inst:1", b"before")
+        async with c.pubsub.subscribe("inst:1") as sub:
+            await c.pubsub.publish("inst:1", b"before")
             received: list[bytes] = []
             with pytest.raises(CoordinationUnavailable), trio.fail_after(BOUND_S):
                 async for message in sub:
@@ -159,8 +160,8 @@ async def test_subscription_raises_when_redis_is_killed(redis_server: RedisServe
             assert received == [b"before"]
         # The caller re-subscribes once Redis is back.
         redis_server.start()
-        async with c.subscribe("inst:1") as sub:
-            assert await c.publish("inst:1", b"after") == 1
+        async with c.pubsub.subscribe("inst:1") as sub:
+            assert await c.pubsub.publish("inst:1", b"after") == 1
             with trio.fail_after(2):
                 async for message in sub:
                     assert message == b"after"
@@ -177,7 +178,7 @@ async def test_subscription_raises_when_redis_hangs_past_the_stall_limit(
         subscription_keepalive_s=0.2,
         subscription_stall_s=0.5,
     ) as c:
-        async with c.subscribe("inst:1") as sub:
+        async with c.pubsub.subscribe("inst:1") as sub:
             redis_server.pause()
             try:
                 started = time.monotonic()
@@ -198,7 +199,7 @@ async def test_subscription_survives_a_3_s_redis_pause(redis_server: RedisServer
         RedisCoordination(
             redis_server.url, key_prefix="t", op_timeout_s=0.3, subscription_keepalive_s=0.2
         ) as c,
-        c.subscribe("inst:1") as sub,
+        c.pubsub.subscribe("inst:1") as sub,
         trio.open_nursery() as nursery,
     ):
         got: list[bytes] = []
@@ -216,7 +217,7 @@ async def test_subscription_survives_a_3_s_redis_pause(redis_server: RedisServer
             await trio.sleep(3.0)  # several keepalive PINGs go unanswered meanwhile
         finally:
             redis_server.resume()
-        assert await c.publish("inst:1", b"after the pause") == 1
+        assert await c.pubsub.publish("inst:1", b"after the pause") == 1
         with trio.fail_after(3):
             await arrived.wait()
         assert got == [b"after the pause"]
@@ -228,11 +229,37 @@ async def test_leaving_a_subscription_does_not_hang_on_a_dead_or_hung_redis(
 ) -> None:
     async with RedisCoordination(redis_server.url, key_prefix="t", op_timeout_s=0.5) as c:
         with trio.fail_after(BOUND_S):
-            async with c.subscribe("inst:1"):
+            async with c.pubsub.subscribe("inst:1"):
                 redis_server.pause()
         redis_server.resume()
         with trio.fail_after(BOUND_S):
-            async with c.subscribe("inst:1"):
+            async with c.pubsub.subscribe("inst:1"):
                 redis_server.stop()
                 await trio.sleep(0.05)
         await _assert_connections_settle(c, 0)
+
+
+async def test_a_hang_is_a_timeout_that_says_how_long_redis_was_silent_a_refusal_is_not(
+    redis_server: RedisServer,
+) -> None:
+    """The two failures a caller tells apart (README "Redis failures"): a hung Redis is
+    ``CoordinationTimeout`` (slow, maybe not down: admission and the rate limit wait and ask
+    again), with how long Redis has answered nothing; a refused connection is plain
+    ``CoordinationUnavailable`` (down: fail at once)."""
+    async with RedisCoordination(redis_server.url, key_prefix="t", op_timeout_s=0.5) as c:
+        await c.key_value.set("k", b"v")
+        redis_server.pause()
+        try:
+            with pytest.raises(CoordinationTimeout) as first:
+                await c.key_value.get("k")
+            with pytest.raises(CoordinationTimeout) as second:
+                await c.rate_limits.rate_limit("r", limit=5, period_s=1)
+        finally:
+            redis_server.resume()
+        assert first.value.silent_for_s is not None and first.value.silent_for_s >= 0.45
+        assert second.value.silent_for_s is not None and second.value.silent_for_s >= 0.95
+        assert await c.key_value.get("k") == b"v"
+        redis_server.stop()
+        with pytest.raises(CoordinationUnavailable) as refused:
+            await c.key_value.get("k")
+        assert not isinstance(refused.value, CoordinationTimeout)

@@ -1,4 +1,4 @@
-"""The lean pub/sub client (coordinator/coordination/redis_lean*.py) against a real redis-server,
+"""The lean pub/sub client (coordinator/coordination/redis/lean/) against a real redis-server,
 side by side with the coredis client it replaces on the bus.
 
 * A burst of 10,000 publishes from many concurrent senders, pipelined by the one writer, reaches
@@ -41,7 +41,7 @@ async def test_a_burst_arrives_exactly_once_in_order_per_channel(
         expected = SENDERS_PER_CHANNEL * PER_SENDER
 
         async def read(channel: str, task_status: trio.TaskStatus[None]) -> None:
-            async with receiver.subscribe(channel) as inbox:
+            async with receiver.pubsub.subscribe(channel) as inbox:
                 task_status.started()
                 async for payload in inbox:
                     received[channel].append(payload)
@@ -63,11 +63,11 @@ async def test_a_burst_arrives_exactly_once_in_order_per_channel(
                 number = issued[channel]
                 issued[channel] = number + 1
                 payload = b"%s %d" % (channel.encode(), number)
-                reached[channel].append(await sender.publish(channel, payload))
+                reached[channel].append(await sender.pubsub.publish(channel, payload))
 
         # Order is kept among publishes issued on an open connection (while the first one is
         # opened, senders queue for it and may be let in in any order, each in its own order).
-        assert await sender.publish("warm-up", b"") == 0
+        assert await sender.pubsub.publish("warm-up", b"") == 0
         with trio.fail_after(60):
             async with trio.open_nursery() as senders:
                 for channel in (*CHANNELS, NOBODY):
@@ -86,7 +86,7 @@ async def test_a_burst_arrives_exactly_once_in_order_per_channel(
             # Exactly once and in the order issued: every number, each once, ascending.
             assert [int(payload.split()[1]) for payload in got] == list(range(expected))
         if bus_client == "lean":
-            publisher = sender._lean_publisher
+            publisher = sender.pubsub._lean_publisher
             assert publisher is not None
             # Pipelined: the burst went out in far fewer writes than commands.
             assert publisher.commands_sent == expected * (len(CHANNELS) + 1) + 1  # + warm-up
@@ -103,15 +103,15 @@ def _kill(server: RedisServer, client_type: str) -> int:
 async def _subscription_loss(server: RedisServer, bus_client: str) -> str:
     """What a killed subscription raises on ``bus_client``."""
     async with RedisCoordination(server.url, key_prefix="t", bus_client=bus_client) as c:
-        async with c.subscribe("inst:bus:A") as inbox:
-            assert await c.publish("inst:bus:A", b"before") == 1
+        async with c.pubsub.subscribe("inst:bus:A") as inbox:
+            assert await c.pubsub.publish("inst:bus:A", b"before") == 1
             got: list[bytes] = []
             with pytest.raises(CoordinationUnavailable) as caught, trio.fail_after(3):
                 async for payload in inbox:
                     got.append(payload)
                     assert _kill(server, "pubsub") == 1
             assert got == [b"before"]
-        assert await c.subscriber_count("inst:bus:A") == 0
+        assert await c.pubsub.subscriber_count("inst:bus:A") == 0
         return str(caught.value)
 
 
@@ -127,9 +127,9 @@ async def test_publishing_recovers_from_a_killed_connection(
 ) -> None:
     async with (
         RedisCoordination(redis_server.url, key_prefix="t", bus_client=bus_client) as c,
-        c.subscribe("inst:bus:A") as inbox,
+        c.pubsub.subscribe("inst:bus:A") as inbox,
     ):
-        assert await c.publish("inst:bus:A", b"1") == 1
+        assert await c.pubsub.publish("inst:bus:A", b"1") == 1
         assert (
             _kill(redis_server, "normal") >= 1
         )  # the publishing connection(s), not the subscriber
@@ -137,10 +137,10 @@ async def test_publishing_recovers_from_a_killed_connection(
         # reports the loss; never a raw error, never a hang.
         with trio.fail_after(2):
             try:
-                first = await c.publish("inst:bus:A", b"2")
+                first = await c.pubsub.publish("inst:bus:A", b"2")
             except CoordinationUnavailable:
                 first = None
-            second = await c.publish("inst:bus:A", b"3")
+            second = await c.pubsub.publish("inst:bus:A", b"3")
         assert first in (1, None) and second == 1
         want = [b"1", b"2", b"3"] if first else [b"1", b"3"]
         got: list[bytes] = []
@@ -158,9 +158,9 @@ async def _refusal(url: str, password: str, prefix: str, bus_client: str) -> tup
         url, key_prefix=prefix, password=password, bus_client=bus_client
     ) as c:
         with pytest.raises(CoordinationUnavailable) as published:
-            await c.publish("inst:bus:A", b"x")
+            await c.pubsub.publish("inst:bus:A", b"x")
         with pytest.raises(CoordinationUnavailable) as subscribed:
-            async with c.subscribe("inst:bus:A"):
+            async with c.pubsub.subscribe("inst:bus:A"):
                 pass
     return str(published.value), str(subscribed.value)
 
@@ -188,9 +188,9 @@ async def test_refused_identities_get_the_same_hints(
     # The same identity on its own channels works.
     async with (
         RedisCoordination(user_url, password="bus-secret", bus_client=bus_client) as c,
-        c.subscribe("inst:bus:A") as inbox,
+        c.pubsub.subscribe("inst:bus:A") as inbox,
     ):
-        assert await c.publish("inst:bus:A", b"allowed") == 1
+        assert await c.pubsub.publish("inst:bus:A", b"allowed") == 1
         with trio.fail_after(2):
             async for payload in inbox:
                 assert payload == b"allowed"
@@ -205,10 +205,10 @@ async def test_the_setting_picks_the_client(
     chosen = {} if bus_client is None else {"bus_client": bus_client}
     coord = create_coordination(redis_server.url, key_prefix="t", **chosen)
     assert isinstance(coord, RedisCoordination)
-    async with coord, coord.subscribe("inst:bus:A") as inbox:
-        assert await coord.publish("inst:bus:A", b"x") == 1
+    async with coord, coord.pubsub.subscribe("inst:bus:A") as inbox:
+        assert await coord.pubsub.publish("inst:bus:A", b"x") == 1
         lean = (bus_client or "lean") == "lean"
-        assert (coord._lean_publisher is not None) == lean
+        assert (coord.pubsub._lean_publisher is not None) == lean
         assert isinstance(inbox, LeanSubscription) == lean
     with pytest.raises(ValueError, match="bus_client"):
         RedisCoordination(redis_server.url, bus_client="redis-py")

@@ -33,12 +33,12 @@ async def roundtrip(url: str, ca_file: str, **tls: str) -> bytes | None:
     async with create_coordination(url, key_prefix="ca", ca_file=ca_file, **tls) as c:
         # Pub/sub first: its lean client (redis/lean/connection.py) opens its own TLS connections and
         # must verify (or refuse) them exactly as coredis does for everything else.
-        async with c.subscribe("ch") as inbox:
-            assert await c.publish("ch", b"over tls") == 1
+        async with c.pubsub.subscribe("ch") as inbox:
+            assert await c.pubsub.publish("ch", b"over tls") == 1
             with trio.fail_after(2):
                 assert [m async for m in _first(inbox)] == [b"over tls"]
-        await c.set("k", b"verified")
-        return await c.get("k")
+        await c.key_value.set("k", b"verified")
+        return await c.key_value.get("k")
 
 
 async def _first(inbox: AsyncIterable[bytes]) -> AsyncIterator[bytes]:

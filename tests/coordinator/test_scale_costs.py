@@ -23,9 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.capacity import parse_capacity
+from coordinator.coordination import keys
 from coordinator.coordination.bus.memory import MemoryBus
 from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.memory.coordination import MemoryCoordination
+from coordinator.coordination.memory.roles import MemoryLeases
 from coordinator.core import cluster_view, registry
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
@@ -57,7 +59,12 @@ async def test_an_unchanged_peer_snapshot_is_decoded_once_and_not_handed_to_plac
         settings = Settings(instance_id=name, multi_instance=True, redis_url="memory://")
         published.setdefault(name, snapshot(name, 0))
         return Membership(
-            coordination, bus, settings, snapshot=lambda: published[name], clock=lambda: 0.0
+            coordination.key_value,
+            coordination.presence,
+            bus,
+            settings,
+            snapshot=lambda: published[name],
+            clock=lambda: 0.0,
         )
 
     a, b = member("A"), member("B")
@@ -83,7 +90,7 @@ async def test_an_unchanged_peer_snapshot_is_decoded_once_and_not_handed_to_plac
         assert decoded.count("B") == 1
         assert a.incarnations.keys() == {"A", "B"}
         # the registry carries a digest, not the 50 nodes: a beat's read does not grow with them
-        view = await coordination.presence_read(registry.PRESENCE, stall_after_s=1.0)
+        view = await coordination.presence.presence_read(keys.PRESENCE, stall_after_s=1.0)
         assert max(len(e.data) for e in view.entries) < 200
 
         published["B"] = snapshot("B", 50, in_flight=1)  # load changed: placement must see it
@@ -177,9 +184,9 @@ def test_an_unchanged_ratings_refresh_keeps_the_peers_views() -> None:
 
 
 async def test_the_periodic_facts_refresh_writes_nodes_in_batches(autojump_clock: object) -> None:
-    class Counting(MemoryCoordination):
+    class Counting(MemoryLeases):
         def __init__(self) -> None:
-            super().__init__(trio.current_time)
+            super().__init__(MemoryCoordination(trio.current_time).link)
             self.single: list[str] = []
             self.batches: list[list[str]] = []
 
@@ -237,7 +244,12 @@ async def test_an_idle_beat_does_not_encode_the_snapshot_again(monkeypatch: obje
         machine.node_connected(connection(f"c{i}", "m"), 0.0)
     settings = Settings(instance_id="A", multi_instance=True, redis_url="memory://")
     member = Membership(
-        coordination, MemoryBus(), settings, snapshot=machine.snapshot, clock=lambda: 0.0
+        coordination.key_value,
+        coordination.presence,
+        MemoryBus(),
+        settings,
+        snapshot=machine.snapshot,
+        clock=lambda: 0.0,
     )
     encoded: list[int] = []
     real_encode = registry.encode_snapshot
@@ -266,7 +278,7 @@ async def test_an_idle_beat_does_not_encode_the_snapshot_again(monkeypatch: obje
     machine.node_disconnected("c4", "test", 0.0)
     await member._beat()
     assert encoded == [20, 20, 19]  # a load change and a node gone are encoded at once
-    stored = await coordination.get(registry.snapshot_key("A"))
+    stored = await coordination.key_value.get(keys.snapshot_key("A"))
     assert stored is not None and registry.decode_snapshot(stored) == machine.snapshot()
 
 
@@ -293,7 +305,7 @@ def test_an_idle_snapshot_is_the_previous_one_itself() -> None:
 
 async def test_an_idle_ownership_check_looks_at_no_connection() -> None:
     coordination = MemoryCoordination(lambda: 100.0)
-    ownership = Ownership(coordination, "A", ttl_s=15.0)
+    ownership = Ownership(coordination.key_value, "A", ttl_s=15.0)
     conns = [connection(f"c{i}", "m") for i in range(3)]
 
     class Untouchable(list[NodeConnection]):
@@ -307,10 +319,10 @@ async def test_an_idle_ownership_check_looks_at_no_connection() -> None:
         assert await ownership.owned_elsewhere(conns) == []  # reads the records once
         assert await ownership.owned_elsewhere(Untouchable(conns)) == []
         # another instance claims c1: the counter moves and the records are read again
-        await coordination.swap_many(
-            [(registry.owner_key("c1"), registry.owner_value("B", "other"))],
+        await coordination.key_value.swap_many(
+            [(keys.owner_key("c1"), registry.owner_value("B", "other"))],
             ttl_s=15.0,
-            bump=registry.OWNERS_CHANGED,
+            bump=keys.OWNERS_CHANGED,
         )
         assert await ownership.owned_elsewhere(conns) == [conns[1]]
         nursery.cancel_scope.cancel()
@@ -384,7 +396,8 @@ async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
     def member(name: str, machine: InstanceMachine) -> Membership:
         settings = Settings(instance_id=name, multi_instance=True, redis_url="memory://")
         m = Membership(
-            coordination,
+            coordination.key_value,
+            coordination.presence,
             bus,
             settings,
             snapshot=machine.snapshot,
@@ -404,16 +417,16 @@ async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
 
     a._snapshot = counted_snapshot
     writes: list[str] = []
-    real_set = coordination.set
+    real_set = coordination.key_value.set
 
     async def counting_set(key: str, value: bytes, **kw: float | None) -> None:
         writes.append(key)
         await real_set(key, value, **kw)
 
-    coordination.set = counting_set  # type: ignore[method-assign]
+    coordination.key_value.set = counting_set  # type: ignore[method-assign]
     await a._beat(first=True)
     await b._beat(first=True)
-    assert writes.count(registry.snapshot_key("A")) == 1
+    assert writes.count(keys.snapshot_key("A")) == 1
     peer_view = b.peers()[0]
     remote = machine_b._remote_views()
     nodes = machine_a.owner.nodes
@@ -425,7 +438,7 @@ async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
         await a._beat()
         await b._beat()
     assert built == []  # no node list built by A's beats
-    assert writes.count(registry.snapshot_key("A")) == 1  # no node list written again
+    assert writes.count(keys.snapshot_key("A")) == 1  # no node list written again
     assert b.peers()[0] is peer_view  # nor fetched and decoded again
     assert machine_b._remote_views() is remote  # nor turned into new views
     assert b.peer_loads["A"].busy == {f"c{i}": 1 for i in range(5)}
@@ -445,5 +458,5 @@ async def test_a_busy_beat_carries_the_loads_and_no_node_list() -> None:
     machine_a.node_disconnected("c99", "test", 0.0)
     await a._beat()
     await b._beat()
-    assert writes.count(registry.snapshot_key("A")) == 2
+    assert writes.count(keys.snapshot_key("A")) == 2
     assert len(b.peers()[0].nodes) == 99

@@ -35,6 +35,18 @@ def test_every_subcommand_has_help(procs: Processes) -> None:
         assert done.returncode == 0 and "usage" in done.stdout.lower(), args
 
 
+def test_serve_monitor_and_audit_help_list_their_settings(procs: Processes) -> None:
+    for command, variable in (
+        ("serve", "GEMMANET_RATE_LIMIT"),
+        ("monitor", "GEMMANET_MONITOR_POLL_S"),
+        ("audit", "GEMMANET_RESIDENCY_STALE_S"),
+    ):
+        done = procs.cli(command, "--help")
+        assert done.returncode == 0, done.stderr
+        _, listing = done.stdout.split("settings it reads (default after each; see docs/")
+        assert variable in listing and "GEMMANET_REDIS_URL" in listing, done.stdout
+
+
 def test_bad_settings_fail_with_one_line(procs: Processes) -> None:
     env = {**procs.env, "GEMMANET_MULTI_INSTANCE": "1"}
     done = procs.cli("serve", "--port", "1", env=env)
@@ -69,6 +81,23 @@ def test_unreachable_database_is_one_clear_line(procs: Processes) -> None:
         assert done.returncode == 1, args
         assert done.stderr.startswith("gemmanet: database: cannot open the database"), done.stderr
         assert "Traceback" not in done.stderr
+        # psycopg's hint ("Is the server running …?") joins the reason on its one line.
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("multi", ["0", "1"])
+def test_unreachable_redis_is_one_line_and_nothing_else(procs: Processes, multi: str) -> None:
+    env = {
+        **procs.env,
+        "GEMMANET_REDIS_URL": "redis://127.0.0.1:1/0",
+        "GEMMANET_MULTI_INSTANCE": multi,
+    }
+    done = procs.cli("serve", "--port", str(free_port()), env=env)
+    assert done.returncode == 1, done.stderr
+    # Only the refusal: no log line of the start before it (the store opens at debug level).
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("gemmanet: cannot reach Redis at start: "), line
+    assert "Connection refused" in line, line
 
 
 def test_serve_refuses_liveness_settings_over_the_3_s_bound(procs: Processes) -> None:
@@ -111,7 +140,9 @@ def test_every_option_of_every_subcommand_explains_itself_and_its_default() -> N
     for name, parser in parsers:
         text = "".join(parser.format_help().split())  # argparse wraps lines, even at hyphens
         for action in parser._actions:
-            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+            if isinstance(
+                action, argparse._HelpAction | argparse._SubParsersAction | argparse._VersionAction
+            ):
                 continue
             if action.help == argparse.SUPPRESS:
                 continue
@@ -240,16 +271,77 @@ def test_keys_create_refuses_an_empty_or_overlong_name(procs: Processes, name: s
     assert len(lines) == 1 and lines[0].startswith("gemmanet: --name"), done.stderr
 
 
-def test_a_port_in_use_is_one_line(procs: Processes) -> None:
+@pytest.mark.parametrize("command", ["serve", "telemetry-agent"])
+def test_a_port_in_use_is_one_line(procs: Processes, command: str) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        done = procs.cli("serve", "--host", "127.0.0.1", "--port", str(port))
+        done = procs.cli(command, "--host", "127.0.0.1", "--port", str(port))
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"gemmanet: cannot listen on 127.0.0.1:{port}: Address already in use"
     ], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        (
+            ["serve", "--port", "99999"],
+            2,
+            "--port '99999' must be a TCP port number from 0 (any free port) to 65535",
+        ),
+        (
+            ["serve", "--port", "http"],
+            2,
+            "--port 'http' must be a TCP port number from 0 (any free port) to 65535",
+        ),
+        (["demo", "--port", "0"], 2, "--port '0' must be a TCP port number from 1 to 65535"),
+        (
+            ["telemetry-agent", "--port", "70000"],
+            2,
+            "--port '70000' must be a TCP port number from 1 to 65535",
+        ),
+        (
+            ["serve", "--host", "no-such-host.invalid", "--port", "8000"],
+            1,
+            "cannot listen on no-such-host.invalid:8000: ",
+        ),
+        (
+            ["telemetry-agent", "--host", "no-such-host.invalid"],
+            1,
+            "cannot listen on no-such-host.invalid:9105: ",
+        ),
+    ],
+)
+def test_a_bad_port_or_host_is_one_line(
+    procs: Processes, args: list[str], code: int, expected: str
+) -> None:
+    done = procs.cli(*args)
+    assert done.returncode == code, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"gemmanet: {expected}"), line
+
+
+def test_version_names_the_package_version(procs: Processes) -> None:
+    from coordinator import __version__
+
+    done = procs.cli("--version")
+    assert done.returncode == 0 and done.stdout == f"gemmanet {__version__}\n", done
+
+
+def test_verbose_goes_before_or_after_the_command(procs: Processes) -> None:
+    for args in (["-v", "keys", "create", "--name", "a"], ["keys", "create", "--name", "b", "-v"]):
+        done = procs.cli(*args)
+        assert done.returncode == 0, done.stderr
+        assert " DEBUG coordinator.store.store: store opened at " in done.stderr, done.stderr
+    quiet = procs.cli("keys", "create", "--name", "c")
+    assert "DEBUG" not in quiet.stderr, quiet.stderr
+    # Parsed on every command: serve -v reaches the settings check (and its one line).
+    env = {**procs.env, "GEMMANET_MULTI_INSTANCE": "1"}
+    done = procs.cli("serve", "-v", "--port", str(free_port()), env=env)
+    assert done.returncode == 2 and "GEMMANET_REDIS_URL" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(

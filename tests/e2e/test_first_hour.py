@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.fixtures.processes import CLI, Processes, free_port, wait_until
@@ -104,6 +105,8 @@ def _run_demo(tmp_path: Path, env: dict[str, str], stop_signal: signal.Signals) 
         )
         children = _children(demo.pid)
         assert len(children) == 2, children  # the coordinator and the node
+        for pid in children:  # the node's token is in its environment, not in `ps`
+            assert b"gnn_" not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
         demo.send_signal(stop_signal)
         assert demo.wait(timeout=30) == 0, out.read_text()
         wait_until(lambda: not any(_alive(pid) for pid in children), "the demo's children to end")
@@ -127,6 +130,100 @@ def test_demo_stops_everything_it_started_and_keeps_its_state_in_one_place(
     state = tmp_path / "state" / "gemmanet-demo"
     assert (state / "gemmanet.db").exists() and (state / "demo-key").read_text().strip() == first
     assert not (tmp_path / "gemmanet.db").exists()
+
+
+def test_a_second_demo_is_refused_up_front_and_touches_nothing(tmp_path: Path) -> None:
+    """On the same state directory, on the same port or another, a second demo refuses in one
+    line before it enrols anything: the first one's node keeps its connection and still
+    answers."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("GEMMANET_DATABASE_URL", None)
+    state = tmp_path / "state"
+    port = free_port()
+    out = tmp_path / "first.log"
+    with out.open("wb") as log:
+        first = subprocess.Popen(
+            [*CLI, "demo", "--port", str(port), "--state-dir", str(state)],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        curl = wait_until(
+            lambda: [line for line in out.read_text().splitlines() if line.startswith("curl ")],
+            "the first demo's curl line",
+            timeout_s=60,
+        )
+        children = sorted(_children(first.pid))
+        key = (state / "demo-key").read_text()
+        for other_port, expected in (
+            (port, f"gemmanet: cannot listen on 127.0.0.1:{port}: Address already in use"),
+            (
+                free_port(),
+                (
+                    f"gemmanet: another gemmanet demo (pid {first.pid}) is running on {state}: "
+                    "stop it first, or give this one another --state-dir"
+                ),
+            ),
+        ):
+            started = time.monotonic()
+            done = subprocess.run(
+                [*CLI, "demo", "--port", str(other_port), "--state-dir", str(state)],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.strip().splitlines() == [expected], done.stderr
+            assert done.stdout == "", done.stdout  # no state line, no curl line
+            assert time.monotonic() - started < 15
+        # Nothing of the first one was touched: the same processes, key and node connection.
+        assert sorted(_children(first.pid)) == children and all(map(_alive, children))
+        assert (state / "demo-key").read_text() == key
+        api_key = curl[0].split("Bearer ")[1].split("'")[0]
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/api/v1/request",
+            json={"model": "echo", "prompt": "still mine"},
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200 and answer.json()["output"] == "still mine", answer.text
+        assert "replaced" not in out.read_text()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        try:
+            first.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            first.kill()
+
+
+def test_demo_on_a_busy_port_fails_at_once_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("GEMMANET_DATABASE_URL", None)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run(
+            [*CLI, "demo", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"gemmanet: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ], done.stderr
+    assert time.monotonic() - started < 15
+    assert not (tmp_path / "state").exists()  # refused before anything was made
 
 
 def test_after_kill_9_the_lists_agree_with_placement(procs: Processes, redis_server) -> None:

@@ -79,6 +79,7 @@ async def provoke_everything(procs: Processes, coord: Coordinator, calls: Record
             if isinstance(assign, Assign) and assign.prompt != "hang":
                 await node.send(Result(task_id=assign.task_id, output=assign.prompt))
 
+    await calls.send("GET", "/")
     await calls.send("GET", "/healthz")
     await calls.send("GET", "/api/v1/status")
     await calls.send("GET", "/api/v1/nodes")  # 401

@@ -33,35 +33,35 @@ async def _claim_before(group: RedisSentinelGroup, prefix: str) -> int:
     """Epochs 1 and 3 handed out; 2 refused while the replica was frozen (WAIT 1 unanswered),
     its lease given back at once."""
     async with _monitor(group, prefix) as c:
-        first = await c.monitor_acquire("M1", ttl_s=5.0)
+        first = await c.monitor.monitor_acquire("M1", ttl_s=5.0)
         assert first.held and first.epoch == 1
-        assert await c.monitor_resign("M1", first.epoch)
+        assert await c.monitor.monitor_resign("M1", first.epoch)
         group.replica.pause()
         try:
             with pytest.raises(CoordinationUnavailable, match="no replica acknowledged"):
-                await c.monitor_acquire("M1", ttl_s=5.0)
-            assert (await c.monitor_status()).holder is None
+                await c.monitor.monitor_acquire("M1", ttl_s=5.0)
+            assert (await c.monitor.monitor_status()).holder is None
         finally:
             group.replica.resume()
-        claim = await c.monitor_acquire("M1", ttl_s=5.0)
+        claim = await c.monitor.monitor_acquire("M1", ttl_s=5.0)
         assert claim.held and claim.epoch == 3
-        assert await c.monitor_resign("M1", claim.epoch)
+        assert await c.monitor.monitor_resign("M1", claim.epoch)
         return claim.epoch
 
 
 async def _claims_after(group: RedisSentinelGroup, prefix: str, before: int) -> None:
     async with _monitor(group, prefix) as c:
-        assert (await c.monitor_status()).epoch >= before
+        assert (await c.monitor.monitor_status()).epoch >= before
         # No replica is left to hold a new epoch: no claim until the old master is back.
         with pytest.raises(CoordinationUnavailable, match="no replica acknowledged"):
-            await c.monitor_acquire("M2", ttl_s=5.0)
+            await c.monitor.monitor_acquire("M2", ttl_s=5.0)
         await trio.to_thread.run_sync(group.master.start)
         # What the sentinels would do on their own, a few seconds later.
         group.master.raw_command("REPLICAOF", "127.0.0.1", str(group.replica.port))
         with trio.fail_after(20):
             while True:
                 try:
-                    taken = await c.monitor_acquire("M2", ttl_s=5.0)
+                    taken = await c.monitor.monitor_acquire("M2", ttl_s=5.0)
                     break
                 except CoordinationUnavailable:
                     await trio.sleep(0.1)

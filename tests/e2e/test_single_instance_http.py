@@ -133,6 +133,70 @@ def test_errors_are_json_with_the_interface_statuses(setup) -> None:
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 
+def test_the_root_points_to_the_docs_and_the_health_routes(setup) -> None:
+    _, coord, _ = setup
+    for accept in (None, "*/*", "application/json"):
+        r = coord.http.get("/", headers={"Accept": accept} if accept else {})
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+        body = r.json()
+        assert body["links"] == {
+            "openapi": "/openapi.json",
+            "system_health": "/system-health",
+            "healthz": "/healthz",
+            "status": "/api/v1/status",
+        }
+        assert "docs/interface.md" in body["docs"] and body["version"] == coord.status()["version"]
+    # A browser asks for HTML first: the same, as links.
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    page = coord.http.get("/", headers={"Accept": browser})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for path in ("/openapi.json", "/system-health", "/healthz", "/api/v1/status"):
+        assert f'href="{path}"' in page.text, path
+    for path in (body["links"]["openapi"], body["links"]["healthz"]):
+        assert coord.http.get(path).status_code == 200, path
+
+
+def test_a_key_without_bearer_is_told_the_header_shape(setup) -> None:
+    _, coord, key = setup
+    for header in (key, f"Token {key}", "Bearer", f"Basic {key}"):
+        r = coord.http.get("/api/v1/nodes", headers={"Authorization": header})
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Bearer")
+        message = r.json()["error"]["message"]
+        assert message.startswith("the Authorization header must be 'Bearer <key>'"), message
+        assert key not in r.text  # what was sent is not echoed
+    r = coord.http.get("/api/v1/nodes")
+    assert r.json()["error"]["message"] == "missing API key: send 'Authorization: Bearer <key>'"
+
+
+def test_an_unknown_task_is_named_in_its_404(setup) -> None:
+    _, coord, key = setup
+    r = coord.http.post(
+        "/api/v1/tasks/t-nope/rating",
+        json={"score": 5},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 404, r.text
+    assert r.json()["error"] == {"code": "task_not_found", "message": "no task with id t-nope"}
+
+
+def test_the_cluster_view_shows_no_model_to_a_plain_key(setup) -> None:
+    procs, coord, key = setup
+    operator = procs.create_key("ops", admin=True)
+
+    def cluster(api_key: str) -> dict[str, object]:
+        r = coord.http.get("/api/v1/cluster", headers={"Authorization": f"Bearer {api_key}"})
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    full = cluster(operator)
+    assert full["admin"] is True and full["queued"] == {"echo": 0} and full["queue_depth"] == 0
+    plain = cluster(key)
+    assert plain["admin"] is False and plain["nodes"] is None and plain["queued"] is None
+    assert plain["queue_depth"] == 0 and plain["online_nodes"] == 1
+    text = coord.http.get("/api/v1/cluster", headers={"Authorization": f"Bearer {key}"}).text
+    assert "echo" not in text and "echo-1" not in text, text
+
+
 def test_unserved_model_is_503_at_once(setup) -> None:
     _, coord, key = setup
     r = coord.request(key, model="no-such-model", prompt="x")

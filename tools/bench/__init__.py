@@ -1,12 +1,17 @@
 """Benchmarks of the coordinator (they print figures; they are not tests).
 
 * ``python -m tools.bench.throughput`` — closed-loop ``POST /api/v1/request`` against ``GET
-  /healthz`` on one instance, side by side.
+  /healthz`` on one instance, side by side: CPU per answer of each process (coordinator, node,
+  client) and the coordinator's ratio; ``--redis`` on Redis coordination (a private
+  ``redis-server``), ``--py-spy DIR`` profiles the coordinator and splits its CPU by category.
+* ``python -m tools.bench.stream`` (= ``throughput --stream``) — the CPU of one streamed chunk
+  (node -> coordinator -> SSE to the client) against a non-streamed request, side by side.
 * ``python -m tools.bench.cross_instance`` — open-loop latency of a request that crosses to
   another instance over the Redis bus against one served locally, side by side, on each Redis
   client of the bus (lean, coredis), with raw round trips for scale (``_probes.py``: pub/sub
   through either client, a bare socket PING, and Django Channels' Redis pub/sub layer in its own
-  process, ``channels_probe.py``, when the ``bench`` extra is installed).
+  process, ``channels_probe.py``, when the ``bench`` extra is installed); then the CPU of the two
+  instances per cross-instance request against a local one, in closed-loop rounds (``--py-spy``).
 * ``python -m tools.bench.scale`` — three instances with 200 to 10,000 light nodes
   (``scale_fleet.py``): idle CPU, Redis bytes/s, request latency, placement time, connect time;
   ``--py-spy DIR`` profiles each instance (``_profile.py``).
@@ -18,7 +23,8 @@ Each starts its own coordinator, node and ``redis-server`` processes on free loo
 shared and noisy, so the figures that matter are ratios and differences of things measured in
 alternating rounds of the same run.
 
-throughput.py      closed-loop request against /healthz, side by side
+throughput.py      closed-loop request against /healthz (or streamed chunks), side by side
+stream.py          throughput --stream under its own name
 cross_instance.py  the cross-instance hop against a local request, on each bus client
 failover.py        how fast a client learns that its task's instance is gone (kill -9)
 scale.py           the cost of a cluster as its number of nodes grows
@@ -26,5 +32,5 @@ scale_fleet.py     thousands of light nodes in one process, for scale.py
 channels_probe.py  Django Channels' Redis pub/sub layer doing the same round trip (the peer)
 _harness.py        what the benchmarks share: their processes and a private redis-server
 _probes.py         raw round trips timed for scale beside the hop
-_profile.py        sampling profiles of running coordinators with py-spy
+_profile.py        sampling profiles of running coordinators with py-spy, split by category
 """

@@ -389,6 +389,15 @@ def cpu_seconds(pid: int) -> float:
         return math.nan
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of one process so far (Linux /proc); NaNs when unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return math.nan, math.nan
+
+
 def rss_bytes(pid: int) -> float:
     """Resident set size of one process now (Linux /proc); NaN when unknown (e.g. it exited)."""
     try:

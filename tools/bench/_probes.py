@@ -41,14 +41,14 @@ class PubSubProbe:
         async with (
             RedisCoordination(self.url, **client) as sender,
             RedisCoordination(self.url, **client) as echoer,
-            sender.subscribe("pong") as pongs,
-            echoer.subscribe("ping") as pings,
+            sender.pubsub.subscribe("pong") as pongs,
+            echoer.pubsub.subscribe("ping") as pings,
             trio.open_nursery() as nursery,
         ):
 
             async def echo() -> None:
                 async for message in pings:
-                    await echoer.publish("pong", message)
+                    await echoer.pubsub.publish("pong", message)
 
             async def collect() -> None:
                 async for message in pongs:
@@ -73,7 +73,7 @@ class PubSubProbe:
         token = b"%d" % self._next
         event = self._waiting[token] = trio.Event()
         try:
-            await self.sender.publish("ping", token)
+            await self.sender.pubsub.publish("ping", token)
             with trio.move_on_after(REQUEST_TIMEOUT_S):
                 await event.wait()
         except Exception as exc:  # noqa: BLE001 - counted, the run goes on

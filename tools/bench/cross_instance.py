@@ -14,8 +14,16 @@ two ``RedisCoordination`` clients in this process on each bus client, a PING ove
 and, when ``channels_redis`` is installed (the ``bench`` extra), the same lap through Django
 Channels' Redis pub/sub layer (``channels_probe``, its own asyncio process, same rate and span).
 
-    python -m tools.bench.cross_instance [--rate R] [--duration S] [--json FILE]
-    python -m tools.bench.cross_instance --quick     # ~15 s, for smoke use
+Then the CPU cost of the hop, in closed-loop rounds (``--concurrency`` client tasks, one
+request after another) alternating ``remote`` and ``local`` on each pair: the CPU of A and B
+together per answered request (each process's too: nodes, redis-server, the client), and the
+ratio remote/local of the two instances together (the aim: at most 1.6). ``--py-spy DIR``
+profiles A and B over an extra remote round of the lean pair and B over an extra local one
+(after the measured rounds, so py-spy's own CPU stays out of them).
+
+    python -m tools.bench.cross_instance [--rate R] [--duration S] [--cpu-duration S] [--json FILE]
+    python -m tools.bench.cross_instance --py-spy /tmp/prof   # + profiles of A and B
+    python -m tools.bench.cross_instance --quick     # ~20 s, for smoke use
 
 ``--rate`` is the request rate to each B, split evenly between the two models (default 50 req/s:
 25/s remote + 25/s local per pair; every other kind 25/s too).
@@ -30,11 +38,13 @@ import sys
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
 import trio
 
+from tools.bench import _profile
 from tools.bench._harness import (
     LOOPBACK,
     Harness,
@@ -51,6 +61,14 @@ from tools.bench._harness import (
     write_json,
 )
 from tools.bench._probes import PubSubProbe, SocketProbe, channels_round_trips
+from tools.bench.throughput import (
+    RoundResult,
+    _median,
+    closed_loop_round,
+    cpu_now,
+    cpu_since,
+    round_order,
+)
 
 CLIENTS = ("lean", "coredis")  # GEMMANET_REDIS_BUS_CLIENT of each pair; the first is default
 # Keys of the report: the lean pair's kinds keep the names they had before the coredis pair came.
@@ -198,6 +216,221 @@ async def measure(
     return samples, {n: s / elapsed for n, s in cpu.items()}, elapsed, note
 
 
+# -- CPU per request: closed-loop rounds, remote against local ---------------------------------
+
+#: the processes whose CPU is also split into user and system time
+SPLIT = ("A", "B")
+
+
+def pair_pids(pids: dict[str, int], x: str) -> dict[str, int]:
+    """The processes of one pair whose CPU is counted, by their name in the report."""
+    names = {"A": f"A{x}", "B": f"B{x}", "node_A": f"node_A{x}", "node_B": f"node_B{x}",
+             "redis": "redis"}  # fmt: skip
+    return {short: pids[name] for short, name in names.items()}
+
+
+async def cpu_rounds(
+    b_urls: dict[str, str],
+    keys: list[str],
+    pids: dict[str, int],
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], dict[str, RoundResult]]:
+    """Per pair: an idle window, then alternating closed-loop rounds of remote and local
+    requests to B; with ``--py-spy``, profiled rounds of the first pair after them."""
+    concurrency = args.concurrency
+    round_s = args.cpu_duration / (2 * args.cpu_rounds)
+    warmup_s = 0.3 if args.quick else 1.0
+    idle_s = 0.5 if args.quick else 2.0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    out: dict[str, Any] = {}
+    profiled: dict[str, RoundResult] = {}
+    for client in CLIENTS:
+        x = "" if client == CLIENTS[0] else "2"
+        procs = pair_pids(pids, x)
+        async with httpx.AsyncClient(
+            base_url=b_urls[client], timeout=REQUEST_TIMEOUT_S, limits=limits
+        ) as http:
+
+            def call_for(model: str) -> Any:
+                async def call(w: int, i: int) -> str | None:
+                    prompt = f"{model} w{w} r{i}"
+                    response = await http.post(
+                        "/api/v1/request",
+                        json={"model": model, "prompt": prompt},
+                        headers={"Authorization": f"Bearer {keys[w % len(keys)]}"},
+                    )
+                    if response.status_code != 200:
+                        return error_label(response)
+                    return None if response.json().get("output") == prompt else "200 wrong output"
+
+                return call
+
+            calls = {"remote": call_for("remote"), "local": call_for("local")}
+            before = cpu_now(procs, SPLIT)
+            started = time.perf_counter()
+            await trio.sleep(idle_s)
+            idle = cpu_since(before, procs, SPLIT)
+            idle_elapsed = time.perf_counter() - started
+            for kind, warm in calls.items():
+                await closed_loop_round(kind, warm, concurrency, warmup_s)
+            results: dict[str, list[RoundResult]] = {kind: [] for kind in calls}
+            for r in range(args.cpu_rounds):
+                for kind in round_order(list(calls), r):
+                    before = cpu_now(procs, SPLIT)
+                    result = await closed_loop_round(kind, calls[kind], concurrency, round_s)
+                    result.cpu = cpu_since(before, procs, SPLIT)
+                    results[kind].append(result)
+            out[client] = cpu_figures(results, idle, idle_elapsed)
+            if args.py_spy and client == CLIENTS[0]:
+                seconds = args.py_spy_seconds
+                for kind, names in (("remote", ("A", "B")), ("local", ("B",))):
+                    spies = _profile.record(
+                        {f"{name}-{kind}": procs[name] for name in names}, seconds, args.py_spy,
+                        rate=args.py_spy_rate,
+                    )  # fmt: skip
+                    before = cpu_now(procs, SPLIT)
+                    result = await closed_loop_round(
+                        kind, calls[kind], concurrency, round(seconds) + 1.0
+                    )
+                    result.cpu = cpu_since(before, procs, SPLIT)
+                    profiled[kind] = result
+                    for spy in spies:
+                        await trio.to_thread.run_sync(spy.wait)
+    return out, profiled
+
+
+def _per_request(result: RoundResult, name: str) -> float:
+    ok = len(result.latencies)
+    return result.cpu[name] * 1000 / ok if ok else math.nan
+
+
+def cpu_figures(
+    results: dict[str, list[RoundResult]], idle: dict[str, float], idle_elapsed: float
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "idle_cpu_utilisation": {
+            name: seconds / idle_elapsed for name, seconds in idle.items() if "." not in name
+        }
+    }
+    for kind, rounds in results.items():
+        ok = sum(len(r.latencies) for r in rounds)
+        elapsed = sum(r.elapsed for r in rounds)
+        errors: Counter[str] = Counter()
+        for r in rounds:
+            errors.update(r.errors)
+        cpu = {name: sum(r.cpu[name] for r in rounds) for name in rounds[0].cpu}
+        cpu["instances"] = cpu["A"] + cpu["B"]
+        data[kind] = {
+            "ok": ok,
+            "errors": dict(errors),
+            "throughput_rps": ok / elapsed if elapsed > 0 else 0.0,
+            "cpu_ms_per_request": {
+                name: (seconds * 1000 / ok if ok else math.nan)
+                for name, seconds in cpu.items()
+                if "." not in name
+            },
+            "cpu_sys_ms_per_request": {
+                name.split(".")[0]: (seconds * 1000 / ok if ok else math.nan)
+                for name, seconds in cpu.items()
+                if "." in name
+            },
+            "rounds_instances_cpu_ms": [
+                round(_per_request(r, "A") + _per_request(r, "B"), 4) for r in rounds
+            ],
+            **summary_ms([x for r in rounds for x in r.latencies]),
+        }
+    remote, local = data["remote"]["cpu_ms_per_request"], data["local"]["cpu_ms_per_request"]
+    per_round = [
+        a / b if b > 0 else math.nan
+        for a, b in zip(
+            data["remote"]["rounds_instances_cpu_ms"],
+            data["local"]["rounds_instances_cpu_ms"],
+            strict=True,
+        )
+    ]
+    data["ratios"] = {
+        # the aim: at most 1.6
+        "instances_cpu_remote_vs_local": (
+            remote["instances"] / local["instances"] if local["instances"] > 0 else math.nan
+        ),
+        "instances_cpu_remote_vs_local_per_round": [round(v, 3) for v in per_round],
+        "instances_cpu_remote_vs_local_median_of_rounds": _median(per_round),
+        "B_cpu_remote_vs_local": remote["B"] / local["B"] if local["B"] > 0 else math.nan,
+    }
+    return data
+
+
+def print_cpu(data: dict[str, Any]) -> None:
+    s = data["settings"]
+    print()
+    print(
+        f"CPU per request, closed loop, concurrency {s['concurrency']}, {s['cpu_rounds']} "
+        f"alternating rounds of remote and local of {s['cpu_round_s']:.1f} s each, per pair "
+        "(ms per answered request; A+B = the two instances together):"
+    )
+    for client in CLIENTS:
+        d = data["cpu"][client]
+        for kind in ("remote", "local"):
+            k = d[kind]
+            cells = "  ".join(f"{n} {v:.3f}" for n, v in k["cpu_ms_per_request"].items())
+            print(
+                f"  {client:8}{kind:7} {k['throughput_rps']:7.1f} req/s  p50 {fmt_ms(k['p50_ms'])}"
+                f" ms  errors {k['errors'] or '-'}  {cells}"
+            )
+        r = d["ratios"]
+        idle = "  ".join(f"{n} {u:.1%}" for n, u in d["idle_cpu_utilisation"].items())
+        print(
+            f"  {client:8}A+B CPU per remote request / per local request: "
+            f"{r['instances_cpu_remote_vs_local']:.2f}x (per round "
+            f"{r['instances_cpu_remote_vs_local_per_round']}, median "
+            f"{r['instances_cpu_remote_vs_local_median_of_rounds']:.2f}x; aim <= 1.6x); "
+            f"B alone {r['B_cpu_remote_vs_local']:.2f}x"
+        )
+        print(f"  {client:8}idle CPU (share of one core): {idle}")
+
+
+def print_profiles(
+    data: dict[str, Any], profiled: dict[str, RoundResult], out_dir: Path, top: int
+) -> None:
+    raws = {
+        "B remote": out_dir / "B-remote.txt",
+        "A remote": out_dir / "A-remote.txt",
+        "B local": out_dir / "B-local.txt",
+    }
+    missing = [str(p) for p in raws.values() if not p.exists()]
+    if missing:
+        print(f"py-spy wrote no profile: {missing}")
+        return
+    for raw in raws.values():
+        raw.with_suffix(".summary").write_text(_profile.summary(raw, top=25) + "\n")
+    for name in ("B remote", "A remote"):
+        print()
+        print(
+            f"py-spy profile of instance {name[0]} over a remote round (lean pair, --gil; {out_dir}):"
+        )
+        print(_profile.summary(raws[name], top=top))
+    cpu = data["cpu"][CLIENTS[0]]
+    user: dict[str, float] = {}
+    system: dict[str, float] = {}
+    for name in raws:
+        instance, kind = name.split()
+        total = cpu[kind]["cpu_ms_per_request"][instance]
+        system[name] = cpu[kind]["cpu_sys_ms_per_request"][instance]
+        user[name] = total - system[name]
+    print()
+    print(
+        "CPU by category (share of the samples; ms per answered request = share x the "
+        "instance's user CPU per request of the measured rounds):"
+    )
+    table = _profile.category_table(raws, user, system)
+    print(table)
+    (out_dir / "categories.txt").write_text(table + "\n")
+    data["profiles"] = {
+        name: {"raw": str(raw), "categories": _profile.categories(raw)[1]}
+        for name, raw in raws.items()
+    }
+
+
 def report(
     samples: Samples,
     cpu: dict[str, float],
@@ -331,14 +564,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--duration", type=float, default=None, help="measured seconds (default 40; --quick 4)"
     )
     parser.add_argument("--keys", type=int, default=4, help="API keys used in turn (default 4)")
+    parser.add_argument(
+        "--cpu-duration",
+        type=float,
+        default=None,
+        help="seconds of the CPU rounds per pair, both kinds (default 20; --quick 2)",
+    )
+    parser.add_argument(
+        "--cpu-rounds",
+        type=int,
+        default=None,
+        help="CPU rounds of each kind (default 5; --quick 2)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="client tasks in the CPU rounds (default 8)"
+    )
+    parser.add_argument(
+        "--py-spy",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="profile A and B with py-spy in extra rounds after the measured ones",
+    )
+    parser.add_argument(
+        "--py-spy-seconds",
+        type=float,
+        default=None,
+        help="each profiled round (default 15; --quick 2)",
+    )
+    parser.add_argument(
+        "--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100)"
+    )
+    parser.add_argument("--top", type=int, default=10, help="functions printed per table")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the figures here")
     parser.add_argument("--quick", action="store_true", help="about 10 s in all, for smoke use")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 4.0 if args.quick else 40.0
+    if args.cpu_duration is None:
+        args.cpu_duration = 2.0 if args.quick else 20.0
+    if args.cpu_rounds is None:
+        args.cpu_rounds = 2 if args.quick else 5
+    if args.py_spy_seconds is None:
+        args.py_spy_seconds = 2.0 if args.quick else 15.0
     if not (args.rate > 0 and args.duration > 0 and args.keys >= 1):
         parser.error("--rate, --duration and --keys must be positive")
+    if not (args.cpu_duration > 0 and args.cpu_rounds >= 1 and args.concurrency >= 1):
+        parser.error("--cpu-duration, --cpu-rounds and --concurrency must be positive")
+    if args.py_spy and not _profile.available():
+        parser.error("--py-spy needs py-spy beside this Python or on PATH (pip install py-spy)")
     if args.rate * args.duration > 100_000:
         parser.error("at most 100000 requests per run (--rate x --duration)")
     return args
@@ -349,7 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     install_signal_handlers()
     warmup_s = 1.0 if args.quick else 3.0
     settings = {"rate": args.rate, "duration_s": args.duration, "warmup_s": warmup_s,
-                "api_keys": args.keys, "quick": args.quick}  # fmt: skip
+                "api_keys": args.keys, "quick": args.quick, "concurrency": args.concurrency,
+                "cpu_rounds": args.cpu_rounds,
+                "cpu_round_s": args.cpu_duration / (2 * args.cpu_rounds)}  # fmt: skip
     try:
         with Harness(keep=args.keep, GEMMANET_RATE_LIMIT="1000000/minute") as harness:
             if args.keep:
@@ -386,9 +663,11 @@ def main(argv: list[str] | None = None) -> int:
             samples, cpu, elapsed, channels_note = trio.run(
                 measure, b_urls, redis_url, keys, args.rate, args.duration, warmup_s, pids
             )
+            cpu_data, profiled = trio.run(cpu_rounds, b_urls, keys, pids, args)
             for proc in harness.procs:
                 proc.check_alive()
             data = report(samples, cpu, elapsed, settings, channels_note)
+            data["cpu"] = cpu_data
             data["diagnostics"] = {
                 name: coord.status().get("diagnostics") for name, coord in coordinators
             }
@@ -397,6 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - exit_code_for raises again what is not a failure or an interrupt
         return exit_code_for("cross-instance", exc)
     print_report(data)
+    print_cpu(data)
+    if profiled:
+        print_profiles(data, profiled, args.py_spy, args.top)
     if data["log_lines_with_error"] or data["log_lines_with_warning"]:
         print(
             f"log lines with ERROR: {data['log_lines_with_error']}, "

@@ -14,7 +14,8 @@ and PNG plots into ``--out``; exits 0 only when every criterion holds.
 * ``nodes`` - the helper process hosting many node agents (``python -m tools.loadtest.nodes``).
 * ``load`` - the load generator of one phase (trio + httpx).
 * ``sampler`` - CPU and RSS of every process from /proc, once a second.
-* ``analysis`` - figures and criteria; ``plots`` - the PNGs (matplotlib, imported lazily).
+* ``analysis`` - the figures of a phase; ``verdicts`` - the criteria over all phases.
+* ``plots`` - the PNGs (matplotlib, imported lazily).
 * ``runner`` - processes of each phase (through ``tools.bench._harness``), report, summary.
 
 runner.py    runs the phases, writes report.json and the plots, prints the summary
@@ -23,7 +24,8 @@ load.py      the load of one phase: ramp, steady rate, streams, the kill
 nodes.py     many simulated nodes (real node agents, echo backend) in one helper process
 journal.py   reading the node helpers' journals, incrementally
 sampler.py   CPU and RSS of named processes, sampled from /proc by a background thread
-analysis.py  the figures and verdicts of one phase
+analysis.py  the figures of one phase
+verdicts.py  the pass/fail criteria over all phases, each with its threshold and measure
 plots.py     PNG plots of a report (matplotlib, imported only when plotting)
 progress.py  what the load test shows while it runs
 __main__.py  ``python -m tools.loadtest``

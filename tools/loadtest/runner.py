@@ -26,7 +26,7 @@ from tools.bench._harness import (
     now_text,
     wait_until,
 )
-from tools.loadtest import analysis, plots
+from tools.loadtest import analysis, plots, verdicts
 from tools.loadtest import profile as prof
 from tools.loadtest.journal import JournalReader
 from tools.loadtest.load import Load
@@ -370,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
         "out": str(out),
         "phases": phases,
     }
-    report["criteria"] = analysis.criteria(profile, phases)
+    report["criteria"] = verdicts.criteria(profile, phases)
     report["passed"] = all(c["pass"] for c in report["criteria"])
     try:
         report["plots"] = [p.name for p in plots.write_plots(report, out)]

@@ -6,17 +6,18 @@ OpenAI-compatible). It imports only ``protocol/`` (the envelopes, the model serv
 formats, the log line format) and its own modules, never the coordinator: a model host runs it
 without the server's dependencies (tests/coordinator/test_node_agent_imports.py).
 
-cli.py       ``gemmanet node``: flags, validation, signal handling, exit codes
-agent.py     ``NodeAgent``: the connection, reconnect, heartbeat and drain logic
-config.py    ``AgentConfig``, the exits that end the agent, the reconnect backoff
-settings.py  validated settings of one agent, parsed from command-line strings
-task_run.py  one task against the backend: its refusal, chunks, result or error
-backends.py  the model backends (echo, Ollama, OpenAI-compatible), one small class each
-silence.py   waiting for the coordinator's next message; deciding it has gone silent
-stats.py     what the agent saw, counted at the node
-logs.py      its log set-up when it runs alone
-__main__.py  ``python -m tools.node_agent``
-telemetry/   host telemetry samples (CPU, memory, GPUs) and ``gemmanet telemetry-agent``
+cli.py         ``gemmanet node``: flags, validation, signal handling, exit codes
+agent.py       ``NodeAgent``: reconnects, and serves each connection: heartbeats, tasks, drain
+connection.py  one connection: the hello and its welcome, the socket's single writer, the close
+config.py      ``AgentConfig``, the exits that end the agent, the reconnect backoff
+settings.py    validated settings of one agent, parsed from command-line strings
+task_run.py    one task against the backend: its refusal, chunks, result or error
+backends.py    the model backends (echo, Ollama, OpenAI-compatible), one small class each
+silence.py     waiting for the coordinator's next message; deciding it has gone silent
+stats.py       what the agent saw, counted at the node
+logs.py        its log set-up when it runs alone
+__main__.py    ``python -m tools.node_agent``
+telemetry/     host telemetry samples (CPU, memory, GPUs) and ``gemmanet telemetry-agent``
 """
 
 from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent, backoff_delay

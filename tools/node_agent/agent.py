@@ -4,7 +4,7 @@ Lifetimes nest like this::
 
     NodeAgent.run                  reconnect loop (exponential backoff, full jitter)
       one connection               hello -> welcome, then a nursery of:
-        _sender                    the only writer of the socket (frames never interleave)
+        send_all                   the only writer of the socket (frames never interleave)
         _heartbeats                Heartbeat(in_flight, resident, telemetry) every heartbeat_interval_s
         _drain_watch               on drain: wait for running tasks, then close with 1000
         _run_task (one per task)   own CancelScope, bounded by the task's timeout_s
@@ -26,7 +26,6 @@ import msgspec
 import trio
 from trio_websocket import (
     ConnectionClosed,
-    ConnectionRejected,
     HandshakeError,
     WebSocketConnection,
     open_websocket_url,
@@ -36,16 +35,12 @@ from protocol import (
     MAX_FRAME_BYTES,
     Assign,
     Cancel,
-    Chunk,
     CloseCode,
     Error,
     Heartbeat,
-    Hello,
     ProtocolError,
-    Result,
     Welcome,
     decode_node,
-    encode,
 )
 from protocol.log_lines import bind_log_ids
 from protocol.model_servers import Generation
@@ -57,6 +52,14 @@ from tools.node_agent.config import (
     AgentExit,
     backoff_delay,
     final_exit,
+)
+from tools.node_agent.connection import (
+    PROTOCOLS,
+    CloseRequest,
+    Outbound,
+    handshake,
+    send_all,
+    why,
 )
 from tools.node_agent.silence import receive_unless_silent
 from tools.node_agent.stats import NodeStats
@@ -74,28 +77,6 @@ log = logging.getLogger("gemmanet.node")
 
 # Silence from the coordinator for this many heartbeat intervals means the link is dead.
 MISSED_HEARTBEATS: Final = 3
-#: the node protocol versions the agent speaks, offered in its hello
-PROTOCOLS: Final = (1, 2)
-
-
-def _why(exc: HandshakeError) -> str:
-    if isinstance(exc, ConnectionRejected):
-        return f"HTTP {exc.status_code} instead of a WebSocket upgrade"
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None:
-        return short(f"{type(cause).__name__}: {cause}")
-    return type(exc).__name__
-
-
-class _CloseRequest:
-    """Queued behind every pending frame: the sender closes the socket when it gets here."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        self.code = code
-        self.reason = reason
-
-
-_Outbound = Heartbeat | Chunk | Result | Error | _CloseRequest
 
 
 class NodeAgent:
@@ -207,7 +188,7 @@ class NodeAgent:
                         await self._serve(ws, welcome)
             except HandshakeError as exc:
                 if connection is None:
-                    log.warning("cannot connect to %s: %s", self.config.ws_url, _why(exc))
+                    log.warning("cannot connect to %s: %s", self.config.ws_url, why(exc))
             except Exception:  # a daemon outlives surprises: log, then reconnect with backoff
                 log.exception("connection to %s failed unexpectedly", self.config.ws_url)
             finally:
@@ -231,36 +212,7 @@ class NodeAgent:
     # --- one connection --------------------------------------------------------------------
 
     async def _handshake(self, ws: WebSocketConnection) -> Welcome | None:
-        hello = Hello(
-            node_id=self.config.node_id,
-            token=self.config.token,
-            models=list(self.config.models),
-            max_parallel=self.config.max_parallel,
-            vram_gb=self.config.vram_gb,
-            agent_version=self.config.agent_version,
-            protocols=list(PROTOCOLS),
-        )
-        try:
-            with trio.fail_after(self.config.handshake_timeout_s):
-                await ws.send_message(encode(hello).decode())
-                while True:
-                    envelope = decode_node(await ws.get_message())
-                    if isinstance(envelope, Welcome):
-                        return envelope
-                    log.debug("ignoring %s before welcome", type(envelope).__name__)
-        except ConnectionClosed:
-            return None
-        except trio.TooSlowError:
-            log.warning("no welcome within %.1f s", self.config.handshake_timeout_s)
-            await self._close(ws, CloseCode.GOING_AWAY, "no welcome")
-        except ProtocolError as exc:
-            log.warning("bad frame during handshake: %s", short(str(exc)))
-            await self._close(ws, CloseCode.PROTOCOL_ERROR, "protocol error")
-        return None
-
-    async def _close(self, ws: WebSocketConnection, code: int, reason: str) -> None:
-        with trio.move_on_after(self.config.close_timeout_s):
-            await ws.aclose(code, reason)
+        return await handshake(ws, self.config)
 
     async def _serve(self, ws: WebSocketConnection, welcome: Welcome) -> None:
         # While connected, the lines of this connection and its tasks name the instance.
@@ -284,37 +236,21 @@ class NodeAgent:
             welcome.conn_id,
             interval,
         )
-        outbox_send, outbox_recv = trio.open_memory_channel[_Outbound](
+        outbox_send, outbox_recv = trio.open_memory_channel[Outbound](
             4 * self.config.max_parallel + 16
         )
         async with trio.open_nursery() as nursery:
             self._live = True
-            nursery.start_soon(self._sender, ws, outbox_recv, nursery.cancel_scope)
+            nursery.start_soon(
+                send_all, ws, outbox_recv, nursery.cancel_scope, self.config.close_timeout_s
+            )
             nursery.start_soon(self._heartbeats, outbox_send)
             nursery.start_soon(self._drain_watch, outbox_send)
             await self._receive_loop(ws, outbox_send, nursery)
             nursery.cancel_scope.cancel()
         self._live = False
 
-    async def _sender(
-        self,
-        ws: WebSocketConnection,
-        outbox: trio.MemoryReceiveChannel[_Outbound],
-        connection_scope: trio.CancelScope,
-    ) -> None:
-        # A task cancelled mid-write would leave a torn frame; queueing makes a cancelled task
-        # either enqueue a whole frame or none, and only this task touches the socket.
-        try:
-            async for item in outbox:
-                if isinstance(item, _CloseRequest):
-                    await self._close(ws, item.code, item.reason)
-                    break
-                await ws.send_message(encode(item).decode())
-        except ConnectionClosed:
-            pass
-        connection_scope.cancel()
-
-    async def _heartbeats(self, outbox: trio.MemorySendChannel[_Outbound]) -> None:
+    async def _heartbeats(self, outbox: trio.MemorySendChannel[Outbound]) -> None:
         while True:
             interval = self._interval
             await trio.sleep(interval)
@@ -330,7 +266,7 @@ class NodeAgent:
     async def _receive_loop(
         self,
         ws: WebSocketConnection,
-        outbox: trio.MemorySendChannel[_Outbound],
+        outbox: trio.MemorySendChannel[Outbound],
         nursery: trio.Nursery,
     ) -> None:
         while True:
@@ -349,7 +285,7 @@ class NodeAgent:
                 # close short (the coordinator saw 1006 instead of 1001). The sender closes and
                 # then ends the connection; a sender stuck on a dead socket is bounded too.
                 with trio.move_on_after(self.config.close_timeout_s):
-                    await outbox.send(_CloseRequest(CloseCode.GOING_AWAY, "heartbeat timeout"))
+                    await outbox.send(CloseRequest(CloseCode.GOING_AWAY, "heartbeat timeout"))
                     await trio.sleep_forever()
                 return
             try:
@@ -387,7 +323,7 @@ class NodeAgent:
     async def _on_assign(
         self,
         assign: Assign,
-        outbox: trio.MemorySendChannel[_Outbound],
+        outbox: trio.MemorySendChannel[Outbound],
         nursery: trio.Nursery,
     ) -> None:
         task_id = assign.task_id
@@ -414,7 +350,7 @@ class NodeAgent:
         self,
         assign: Assign,
         scope: trio.CancelScope,
-        outbox: trio.MemorySendChannel[_Outbound],
+        outbox: trio.MemorySendChannel[Outbound],
     ) -> None:
         bind_log_ids(task_id=assign.task_id)
         try:
@@ -425,7 +361,7 @@ class NodeAgent:
             if not self._running:
                 self._idle.set()
 
-    async def _execute(self, assign: Assign, outbox: trio.MemorySendChannel[_Outbound]) -> None:
+    async def _execute(self, assign: Assign, outbox: trio.MemorySendChannel[Outbound]) -> None:
         await run_task(assign, self.backend, self.protocol, outbox.send)
 
     # --- drain -----------------------------------------------------------------------------
@@ -434,7 +370,7 @@ class NodeAgent:
         while self._running:
             await self._idle.wait()
 
-    async def _drain_watch(self, outbox: trio.MemorySendChannel[_Outbound]) -> None:
+    async def _drain_watch(self, outbox: trio.MemorySendChannel[Outbound]) -> None:
         await self._drain_requested.wait()
         log.info(
             "draining: %d task(s) running, up to %.1f s to finish",
@@ -450,7 +386,7 @@ class NodeAgent:
             for scope in list(self._running.values()):
                 scope.cancel()
             await self._wait_idle()
-        await outbox.send(_CloseRequest(CloseCode.NORMAL, "node shutting down"))
+        await outbox.send(CloseRequest(CloseCode.NORMAL, "node shutting down"))
 
 
 def _input_of(assign: Assign) -> str:

@@ -120,9 +120,12 @@
       ? `${cluster.monitor.primary} (epoch ${cluster.monitor.epoch})`
       : "no monitor elected";
     const waiting = Object.entries(cluster.queued || {}).filter(([, n]) => n > 0);
+    // Only an operator key gets the queue per model (it names the models); others, the total.
     $("queue-detail").textContent = waiting.length
       ? `waiting for capacity: ${waiting.map(([m, n]) => `${m} ${n}`).join(", ")}`
-      : "no request waiting for capacity";
+      : cluster.queued === null && cluster.queue_depth
+        ? `${cluster.queue_depth} waiting for capacity`
+        : "no request waiting for capacity";
     renderInstances(cluster.instances);
     if (cluster.nodes === null) {
       $("nodes-denied").hidden = false;

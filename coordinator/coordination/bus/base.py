@@ -18,16 +18,10 @@ import abc
 from contextlib import AbstractAsyncContextManager
 
 from coordinator.coordination.base import Subscription
+from coordinator.coordination.keys import inbox
 from coordinator.coordination.roles import PubSub
 
-__all__ = ["INBOX_PREFIX", "Bus", "PubSubBus", "inbox"]
-
-INBOX_PREFIX = "inst:bus:"
-
-
-def inbox(instance_id: str) -> str:
-    """The pub/sub channel of ``instance_id``'s inbox."""
-    return INBOX_PREFIX + instance_id
+__all__ = ["Bus", "PubSubBus"]
 
 
 class Bus(abc.ABC):
@@ -56,19 +50,19 @@ class Bus(abc.ABC):
 
 
 class PubSubBus(Bus):
-    """``Bus`` over a ``Coordination``'s publish/subscribe (Redis pub/sub in production)."""
+    """``Bus`` over a backend's ``PubSub`` role (Redis pub/sub in production)."""
 
-    def __init__(self, coordination: PubSub) -> None:
-        self._coordination = coordination
+    def __init__(self, pubsub: PubSub) -> None:
+        self._pubsub = pubsub
 
     def __repr__(self) -> str:
-        return f"PubSubBus({self._coordination!r})"
+        return f"PubSubBus({self._pubsub!r})"
 
     async def send(self, instance_id: str, payload: bytes) -> int:
-        return await self._coordination.publish(inbox(instance_id), payload)
+        return await self._pubsub.publish(inbox(instance_id), payload)
 
     def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
-        return self._coordination.subscribe(inbox(instance_id))
+        return self._pubsub.subscribe(inbox(instance_id))
 
     async def is_listening(self, instance_id: str) -> bool:
-        return await self._coordination.subscriber_count(inbox(instance_id)) > 0
+        return await self._pubsub.subscriber_count(inbox(instance_id)) > 0

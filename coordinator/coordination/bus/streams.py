@@ -15,6 +15,19 @@ receiver count, which the cluster uses to re-place a task at once. ``is_listenin
 presence key, so a killed instance (whose key is no longer refreshed) reads as gone at most
 ``presence_ttl_s`` after its last refresh.
 
+A missing presence key is believed only after Redis was seen responsive for a whole
+``presence_ttl_s`` (the rule of ``core/liveness.py``: silence counts over responsive time
+only). A Redis paused for longer than the TTL lets every live listener's key expire at once, and
+the first reads after it may come before their refreshes. So this bus watches its own refreshes
+(its listen's, every ``refresh_s``): one that failed, took longer than ``stall_s`` or came more
+than ``refresh_s + stall_s`` after the previous one, or a listen lost to a read that timed out,
+is a stall, and the count starts again at the next refresh that succeeds. Until it reaches
+``presence_ttl_s``, ``is_listening`` reads a missing key as "still listening" and ``send``
+appends all the same (the listener resumes the stream when it listens again; the stream of one
+that never does expires after ``retention_s``): a peer that is really gone is then found by
+the membership's beats. A bus that has seen no stall (it never listened, or every refresh was
+prompt) believes what it reads.
+
 ``listen`` reads with ``XREAD BLOCK`` on a connection of its own, starting at the stream's end
 when first opened. A lost connection makes the iterator raise ``CoordinationUnavailable`` and
 leaves the presence key to expire by itself, so senders keep appending for ``presence_ttl_s``:
@@ -26,6 +39,7 @@ that reconnects has missed whatever was published in between.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator
@@ -34,27 +48,34 @@ from typing import Any
 
 import trio
 
-from coordinator.coordination.base import Coordination, CoordinationUnavailable, Subscription
+from coordinator.coordination.base import CoordinationUnavailable, Subscription
 from coordinator.coordination.bus.base import Bus
-from coordinator.coordination.redis.coordination import DedicatedConnection, RedisCoordination
+from coordinator.coordination.keys import listening_key, stream_key
+from coordinator.coordination.redis.connect.dedicated import (
+    DedicatedConnection,
+    dedicated_connection,
+)
+from coordinator.coordination.redis.connect.link import RedisLink
+from coordinator.coordination.redis.key_value import RedisKeyValue
 from coordinator.coordination.redis.scripts import LuaScript
+from coordinator.errors import CoordinationTimeout
 
-__all__ = ["StreamInbox", "StreamsBus"]
+__all__ = ["StreamInbox", "StreamsBus", "listening_key", "stream_key"]
 
 log = logging.getLogger(__name__)
 
-STREAM_PREFIX = "inst:stream:"
-LISTENING_PREFIX = "inst:listening:"
 FIELD = b"p"
 
 EntryId = tuple[int, int]
 ZERO: EntryId = (0, 0)
 
-# KEYS[1] presence key, KEYS[2] stream; ARGV[1] payload, ARGV[2] MAXLEN, ARGV[3] stream TTL ms.
+# KEYS[1] presence key, KEYS[2] stream; ARGV[1] payload, ARGV[2] MAXLEN, ARGV[3] stream TTL ms,
+# ARGV[4] '1' when the sender cannot believe an absent presence (a stall may have expired it):
+# then it appends all the same.
 SEND = LuaScript(
     "streams_bus_send",
     b"""
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 0 and ARGV[4] ~= '1' then return 0 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'p', ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
@@ -96,14 +117,6 @@ return state
 )
 
 
-def stream_key(instance_id: str) -> str:
-    return STREAM_PREFIX + instance_id
-
-
-def listening_key(instance_id: str) -> str:
-    return LISTENING_PREFIX + instance_id
-
-
 def _parse_id(raw: bytes | str) -> EntryId:
     text = raw.decode() if isinstance(raw, bytes) else raw
     ms, _, seq = text.partition("-")
@@ -141,7 +154,7 @@ class StreamsBus(Bus):
 
     def __init__(
         self,
-        coordination: Coordination,
+        link: RedisLink,
         *,
         maxlen: int = 10_000,
         presence_ttl_s: float = 2.0,
@@ -150,18 +163,14 @@ class StreamsBus(Bus):
         read_count: int = 100,
         retention_s: float = 60.0,
     ) -> None:
-        if not isinstance(coordination, RedisCoordination):
-            raise TypeError(
-                "GEMMANET_BUS=streams needs the Redis coordination backend (set "
-                f"GEMMANET_REDIS_URL); got {type(coordination).__name__}"
-            )
         if not 0 < refresh_s < presence_ttl_s:
             raise ValueError("refresh_s must be positive and shorter than presence_ttl_s")
         if maxlen < 1 or read_count < 1 or block_ms < 1:
             raise ValueError("maxlen, read_count and block_ms must be positive")
         if not retention_s > presence_ttl_s:
             raise ValueError("retention_s must be longer than presence_ttl_s")
-        self._redis = coordination
+        self._redis = link
+        self._keys = RedisKeyValue(link)
         self.maxlen = maxlen
         self.presence_ttl_s = presence_ttl_s
         self.refresh_s = refresh_s
@@ -171,6 +180,13 @@ class StreamsBus(Bus):
         self._last_ids: dict[str, EntryId] = {}
         #: the presence token of a listen that was lost, per instance id, for its re-listen
         self._lost_tokens: dict[str, bytes] = {}
+        # Presence evidence (module docstring): a refresh slower than this, or this much later
+        # than due, is a stall (half the slack a live key has before it expires)
+        self.stall_s = (presence_ttl_s - refresh_s) / 2
+        # since when Redis was seen responsive without a stall (None: trouble right now; -inf:
+        # no stall seen yet)
+        self._responsive_since: float | None = -math.inf
+        self._last_refresh_at: float | None = None
 
     def __repr__(self) -> str:
         return f"StreamsBus({self._redis!r})"
@@ -190,15 +206,24 @@ class StreamsBus(Bus):
     # -- Bus --------------------------------------------------------------------------------
 
     async def send(self, instance_id: str, payload: bytes) -> int:
+        unsure = "0" if self.absence_believed() else "1"
         reply = await self._redis.run_script(
             SEND,
             [self._redis.redis_key(listening_key(instance_id)), self._stream(instance_id)],
-            [payload, self.maxlen, self._ms(self.retention_s)],
+            [payload, self.maxlen, self._ms(self.retention_s), unsure],
         )
         return int(reply)
 
     async def is_listening(self, instance_id: str) -> bool:
-        return await self._redis.get(listening_key(instance_id)) is not None
+        present = await self._keys.get(listening_key(instance_id)) is not None
+        return present or not self.absence_believed()
+
+    def absence_believed(self) -> bool:
+        """Whether a missing presence key means its listener is gone: this bus saw no stall,
+        or its refreshes found Redis responsive for ``presence_ttl_s`` since the last one
+        (module docstring)."""
+        since = self._responsive_since
+        return since is not None and trio.current_time() - since >= self.presence_ttl_s
 
     def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
         return self._listen(instance_id)
@@ -237,12 +262,12 @@ class StreamsBus(Bus):
         # still holding it proves no sender was told "nobody listens" in between.
         lost_token = self._lost_tokens.pop(instance_id, None)
         token = lost_token or secrets.token_hex(8).encode()
-        async with self._redis.dedicated_connection(self._redis.redis_key(presence)) as connection:
+        async with dedicated_connection(self._redis, self._redis.redis_key(presence)) as connection:
             start, gapless = await self._start_after(instance_id)
             self._last_ids[instance_id] = start
             # Present only once the start id is fixed: whatever is appended from now on
             # comes after it.
-            presence_held = await self._refresh(instance_id, token)
+            presence_held = await self._probe(instance_id, token)
             inbox = StreamInbox(self, instance_id, connection)
             inbox.resumed = lost_token is not None and presence_held and gapless
             keep_present = trio.CancelScope()
@@ -253,13 +278,15 @@ class StreamsBus(Bus):
                 keep_present.cancel()
                 if inbox.lost:
                     self._lost_tokens[instance_id] = token
+                    if inbox.timed_out:  # Redis stalled: count again from the next refresh
+                        self._responsive_since = None
                 else:
                     # Closed on purpose: senders learn at once that nobody listens. (After a
                     # lost connection the key expires by itself, so that what is sent until
                     # then waits for a re-listen.)
                     with trio.move_on_after(self._redis.op_timeout_s, shield=True):
                         try:
-                            await self._redis.compare_and_set(presence, token, None)
+                            await self._keys.compare_and_set(presence, token, None)
                         except CoordinationUnavailable:
                             pass
 
@@ -291,12 +318,34 @@ class StreamsBus(Bus):
         )
         return bool(int(held))
 
+    async def _probe(self, instance_id: str, token: bytes) -> bool:
+        """``_refresh``, timed: the evidence ``absence_believed`` goes by."""
+        sent = trio.current_time()
+        try:
+            held = await self._refresh(instance_id, token)
+        except CoordinationUnavailable:
+            self._responsive_since = self._last_refresh_at = None
+            raise
+        except BaseException:
+            # Cancelled (the listen ended): a stall only if it had been waiting that long.
+            if trio.current_time() - sent > self.stall_s:
+                self._responsive_since = self._last_refresh_at = None
+            raise
+        done = trio.current_time()
+        previous, self._last_refresh_at = self._last_refresh_at, done
+        prompt = done - sent <= self.stall_s and (
+            previous is None or done - previous <= self.refresh_s + self.stall_s
+        )
+        if not prompt or self._responsive_since is None:
+            self._responsive_since = done
+        return held
+
     async def _keep_present(self, instance_id: str, token: bytes, scope: trio.CancelScope) -> None:
         with scope:
             while True:
                 await trio.sleep(self.refresh_s)
                 try:
-                    await self._refresh(instance_id, token)
+                    await self._probe(instance_id, token)
                 except CoordinationUnavailable as exc:
                     log.debug("could not refresh the presence of inbox %s: %s", instance_id, exc)
 
@@ -326,6 +375,8 @@ class StreamInbox(Subscription):
         self._buffer: deque[tuple[EntryId, bytes | None]] = deque()
         #: the connection was lost; the iterator raised CoordinationUnavailable
         self.lost = False
+        #: ... because a read timed out (Redis stalled), not because the connection closed
+        self.timed_out = False
 
     def __aiter__(self) -> StreamInbox:
         return self
@@ -347,6 +398,7 @@ class StreamInbox(Subscription):
                 entries = await self._bus._read(self._instance_id, self._connection)
             except CoordinationUnavailable as exc:
                 self.lost = True
+                self.timed_out = isinstance(exc, CoordinationTimeout)
                 raise self._lost_error() from exc
             for raw_id, fields in entries:
                 self._buffer.append((_parse_id(raw_id), _payload(fields)))

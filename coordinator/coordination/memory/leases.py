@@ -86,6 +86,10 @@ class LeaseTables:
     # -- admission --------------------------------------------------------------------------
 
     def admit(self, ask: LeaseAsk, rules: AdmissionRules, now: float) -> Admission:
+        if ask.again:
+            held = self._held_again(ask, rules, now)
+            if held is not None:
+                return held
         limit = rules.max_active_per_key
         active = self._active.setdefault(ask.key_id, {})
         entered = False
@@ -128,6 +132,35 @@ class LeaseTables:
                 return Admission("queue_full", refusals=refusals)
             queue[ask.request_id] = _QueueEntry(ask.instance_id, now + ask.queue_entry_ttl_s)
         return Admission("queued", position=ahead, refusals=refusals)
+
+    def _held_again(self, ask: LeaseAsk, rules: AdmissionRules, now: float) -> Admission | None:
+        """Asked again: the lease an earlier copy of this ask was granted, granted once more
+        where its node is still usable as that candidate (else dropped: it serves nobody)."""
+        for node_id, conn_id in ask.candidates:
+            node = self._nodes.get(node_id)
+            lease = node.leases.get(ask.lease_id) if node is not None else None
+            if node is None or lease is None or lease.expires_at <= now:
+                continue
+            facts = node.facts
+            usable = (
+                facts is not None
+                and facts.conn_id == conn_id
+                and self._alive(
+                    rules.presence_registry, facts.instance_id, rules.facts_stale_s, now
+                )
+            )
+            if usable:
+                self._queue(ask.model, rules, now).pop(ask.request_id, None)
+                head = next(iter(self._queue(ask.model, rules, now).values()), None)
+                return Admission(
+                    "granted",
+                    node_id=node_id,
+                    conn_id=conn_id,
+                    lease_id=ask.lease_id,
+                    next_in_queue=head.instance_id if head else "",
+                )
+            del node.leases[ask.lease_id]
+        return None
 
     def _try_reserve(
         self, node_id: str, conn_id: str, ask: LeaseAsk, rules: AdmissionRules, now: float

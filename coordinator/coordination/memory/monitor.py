@@ -1,5 +1,5 @@
 """The embedded backend's monitor election and fenced fact writes, with the semantics of
-``monitor_types`` (the Redis scripts are ``redis_monitor``).
+``monitor_types`` (the Redis scripts are in ``redis/monitor.py``).
 
 The lease, the epoch and the counters live in the state's ordinary keys (so ``delete`` and
 ``get`` see them exactly as on Redis); the facts live in dicts here. Every function runs
@@ -11,15 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from coordinator.coordination.keys import (
+    MONITOR_EPOCH,
+    MONITOR_FENCED_REJECTS,
+    MONITOR_LEASE,
+    monitor_accepted_key,
+)
 from coordinator.coordination.monitor_types import (
     ACCEPTED_TTL_S,
-    EPOCH_KEY,
-    FENCED_REJECTS_KEY,
-    LEASE_KEY,
     HostFacts,
     MonitorClaim,
     MonitorStatus,
-    accepted_key,
     decode_facts,
     lease_value,
     parse_lease,
@@ -61,44 +63,44 @@ class MonitorTables:
 
     def acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
         state = self._state
-        holder, epoch = parse_lease(state.get(LEASE_KEY))
+        holder, epoch = parse_lease(state.get(MONITOR_LEASE))
         if holder is not None:
             return MonitorClaim(held=False, holder=holder, epoch=epoch)
-        new_epoch = state.incr(EPOCH_KEY)
-        state.set(LEASE_KEY, lease_value(candidate, new_epoch), ttl_s=ttl_s)
+        new_epoch = state.incr(MONITOR_EPOCH)
+        state.set(MONITOR_LEASE, lease_value(candidate, new_epoch), ttl_s=ttl_s)
         return MonitorClaim(held=True, holder=candidate, epoch=new_epoch)
 
     def renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
-        return self._state.refresh_if(LEASE_KEY, lease_value(candidate, epoch), ttl_s)
+        return self._state.refresh_if(MONITOR_LEASE, lease_value(candidate, epoch), ttl_s)
 
     def resign(self, candidate: str, epoch: int) -> bool:
-        return self._state.compare_and_set(LEASE_KEY, lease_value(candidate, epoch), None)
+        return self._state.compare_and_set(MONITOR_LEASE, lease_value(candidate, epoch), None)
 
     def status(self) -> MonitorStatus:
         state = self._state
-        holder, lease_epoch = parse_lease(state.get(LEASE_KEY))
+        holder, lease_epoch = parse_lease(state.get(MONITOR_LEASE))
         return MonitorStatus(
             holder=holder,
             lease_epoch=lease_epoch,
-            epoch=_whole(state.get(EPOCH_KEY)),
-            fenced_rejects=_whole(state.get(FENCED_REJECTS_KEY)),
+            epoch=_whole(state.get(MONITOR_EPOCH)),
+            fenced_rejects=_whole(state.get(MONITOR_FENCED_REJECTS)),
         )
 
     def write(
         self, candidate: str, epoch: int, host_id: str, record: bytes, *, fenced: bool
     ) -> bool:
         state = self._state
-        current = _whole(state.get(EPOCH_KEY))
-        lease = state.get(LEASE_KEY)
+        current = _whole(state.get(MONITOR_EPOCH))
+        lease = state.get(MONITOR_LEASE)
         if fenced and (epoch != current or lease != lease_value(candidate, epoch)):
-            state.incr(FENCED_REJECTS_KEY)
+            state.incr(MONITOR_FENCED_REJECTS)
             return False
         self._facts[host_id] = (bytes(record), state.now())
-        state.incr(accepted_key(epoch), ttl_s=ACCEPTED_TTL_S)
+        state.incr(monitor_accepted_key(epoch), ttl_s=ACCEPTED_TTL_S)
         return True
 
     def accepted(self, epoch: int) -> int:
-        return _whole(self._state.get(accepted_key(epoch)))
+        return _whole(self._state.get(monitor_accepted_key(epoch)))
 
     def read(self, host_ids: Sequence[str] | None) -> dict[str, HostFacts]:
         now = self._state.now()

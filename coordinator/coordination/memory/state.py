@@ -4,7 +4,7 @@ rate logs, presence registries, capacity leases and channel fan-out, on one inje
 Every decision reads the injected clock, never wall time, randomness or hash order, so the
 simulator can drive it on virtual time and get the same trace for the same seed. Expired keys are
 removed before every call (a heap of deadlines), so memory stays flat even for keys nobody reads
-again. ``memory.MemoryCoordination`` is the async facade over it.
+again. The role objects (``roles.py``, ``pubsub.py``) are the async facades over it.
 """
 
 from __future__ import annotations

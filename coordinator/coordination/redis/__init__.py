@@ -1,12 +1,16 @@
 """The Redis/Valkey backend: any number of instances share one Redis.
 
-coordination.py  ``RedisCoordination``: keys, rate limits, presence, pub/sub
-leases.py        its leases and queues (a mixin of RedisCoordination)
-telemetry.py     its host telemetry histories (a mixin, with their scripts)
-monitor.py       its monitor election and fenced facts (a mixin, with their scripts)
-scripts.py       the Lua scripts of its compound operations
+coordination.py  its bundle (``RedisCoordination``): one link, one object per role on it
+key_value.py     its keys: GET, SET, swaps, compare-and-set, counters, SCAN
+rate_limits.py   its exact shared rate limit (a sliding-window log)
+presence.py      its presence registries, on server TIME
+leases.py        its leases and queues
 lease_scripts.py the Lua scripts of its leases and queues
+telemetry.py     its host telemetry histories (with their scripts)
+monitor.py       its monitor election and fenced facts (with their scripts)
+pubsub.py        its PUBLISH and SUBSCRIBE, on the lean path or coredis
 subscription.py  one subscription's connection and pump (coredis; Cluster and Sentinel)
+scripts.py       the Lua scripts of its compound operations
 acl.py           the least ACL rights of one instance (gemmanet redis-acl)
 connect/         its connections: lanes, timeouts, error mapping, Cluster, Sentinel, TLS
 lean/            the lean pub/sub path: RESP parsed by hiredis over a trio socket

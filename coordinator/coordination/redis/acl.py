@@ -1,10 +1,12 @@
 """The least Redis ACL rights one coordinator instance needs (README "Redis identities and TLS").
 
-Every command the Redis backend, the buses and their Lua scripts send, found by reading
-``redis.py``, ``redis/connect/link.py``, ``redis_subscription.py``, ``redis_leases.py``,
-``redis_telemetry.py``, ``bus/streams.py`` and the scripts (``redis.call`` inside a script is
-checked against the caller's rights too). Every key and channel is ``<prefix>:…``. A new command
-in the backend must be added here, or the ACL end-to-end test fails with NOPERM.
+Every command the Redis backend, the buses and their Lua scripts send, found by reading the
+role modules of ``redis/`` (``key_value.py``, ``rate_limits.py``, ``presence.py``,
+``leases.py``, ``telemetry.py``, ``monitor.py``, ``pubsub.py``, ``subscription.py``),
+``redis/connect/``, ``redis/lean/``, ``bus/streams.py`` and the scripts (``redis.call`` inside
+a script is checked against the caller's rights too). Every key and channel is ``<prefix>:…``
+(``keys.py``). A new command in the backend must be added here, or the ACL end-to-end test
+fails with NOPERM.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 ``leases.py`` (reference: ``memory/leases.py``) as one atomic EVALSHA each, on the server's
 clock (TIME, microseconds), so every instance is judged against one clock.
 
-Every key a script touches arrives in KEYS (``redis_leases.py`` computes the names), none is
-built in Lua. Layout, relative to the backend's key prefix:
+Every key a script touches arrives in KEYS (``leases.py`` computes the names, spelled in
+``keys.py``), none is built in Lua. Layout, relative to the backend's key prefix:
 
 * ``lease:facts`` hash node id -> facts JSON ``{"conn", "instance", "max_parallel",
   "memory_gb" (absent: no budget), "resident": [[model, gb], ...]}``;
@@ -121,7 +121,8 @@ def _lease_script(name: str, body: str) -> LuaScript:
 # KEYS: presence, facts, active set, queue, queue info, then (leases, lease info) per
 # candidate. ARGV: request id, instance, model_gb, kv_gb, model, lease id, queue entry TTL us,
 # facts_stale us, requester_stale us, lease TTL us, queue_max, max_active_per_key (0: no
-# limit), then (node id, conn id) per candidate.
+# limit), '1'/'0' (asked again: look for the lease id first), then (node id, conn id) per
+# candidate.
 # Returns {outcome, node, conn, lease id, position, {node, reason, ...}, next_in_queue}.
 ADMIT = _lease_script(
     "lease_admit",
@@ -132,7 +133,30 @@ local rid, instance, model_gb, kv_gb, model, lease_id =
 local queue_ttl, facts_window = tonumber(ARGV[7]), tonumber(ARGV[8])
 local requester_window, lease_ttl = tonumber(ARGV[9]), tonumber(ARGV[10])
 local queue_max, limit = tonumber(ARGV[11]), tonumber(ARGV[12])
-local candidates = (#ARGV - 12) / 2
+local again = ARGV[13] == '1'
+local candidates = (#ARGV - 13) / 2
+
+-- Asked again after a copy of this ask got no answer: a lease that copy was granted is this
+-- ask's, if its node is still usable as that candidate; else it can serve nobody.
+if again then
+  for k = 0, candidates - 1 do
+    local node, conn = ARGV[14 + 2 * k], ARGV[15 + 2 * k]
+    local n, i = KEYS[6 + 2 * k], KEYS[7 + 2 * k]
+    local expires = redis.call('ZSCORE', n, lease_id)
+    if expires and tonumber(expires) > now then
+      local raw = redis.call('HGET', facts_key, node)
+      local facts = raw and cjson.decode(raw)
+      if facts and facts.conn == conn and alive(presence, facts.instance, facts_window) then
+        redis.call('ZREM', q, rid)
+        redis.call('HDEL', qi, rid)
+        local _, next_instance = queue_head(q, qi, presence, requester_window)
+        return {'granted', node, conn, lease_id, 0, {}, next_instance or ''}
+      end
+      redis.call('ZREM', n, lease_id)
+      redis.call('HDEL', i, lease_id)
+    end
+  end
+end
 
 local function try_reserve(node, conn, n, i)
   local raw = redis.call('HGET', facts_key, node)
@@ -181,7 +205,7 @@ end
 
 if ahead == 0 then
   for k = 0, candidates - 1 do
-    local node, conn = ARGV[13 + 2 * k], ARGV[14 + 2 * k]
+    local node, conn = ARGV[14 + 2 * k], ARGV[15 + 2 * k]
     local why = try_reserve(node, conn, KEYS[6 + 2 * k], KEYS[7 + 2 * k])
     if not why then
       redis.call('ZREM', q, rid)

@@ -1,19 +1,24 @@
-"""Capacity leases and admission queues of the Redis backend: the ``Coordination`` methods
-over the scripts of ``redis/lease_scripts.py``, one EVALSHA (one round trip) per call.
+"""The ``Leases`` role on Redis: capacity leases and admission queues over the scripts of
+``lease_scripts.py``, one EVALSHA (one round trip) per call.
 
-A mixin of ``RedisCoordination`` so that ``redis.py`` stays about the key-value, presence and
-bus operations. This module's part is computing the Redis name of every key a script touches
-(Lua never builds key names, so the scripts stay correct under any key prefix) and turning
-the scripts' flat replies into the types of ``leases.py``. Failures surface as
-``CoordinationUnavailable`` through ``RedisLink._eval``, like every other operation.
+This module's part is computing the Redis name of every key a script touches (``keys.py``;
+Lua never builds key names, so the scripts stay correct under any key prefix) and turning the
+scripts' flat replies into the types of ``leases.py``. Failures surface as
+``CoordinationUnavailable`` through ``RedisLink.run_script``, like every other operation.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
+from coordinator.coordination.keys import (
+    LEASE_FACTS,
+    lease_active_key,
+    lease_node_keys,
+    lease_queue_keys,
+)
 from coordinator.coordination.leases import (
     Admission,
     AdmissionRules,
@@ -37,8 +42,6 @@ from coordinator.coordination.redis.scripts import LuaScript
 
 __all__ = ["RedisLeases"]
 
-_FACTS = "lease:facts"
-
 
 def _us(seconds: float) -> str:
     return str(max(1, round(seconds * 1_000_000)))
@@ -53,23 +56,23 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisLeases(RedisLink):
-    """The lease half of ``RedisCoordination`` (which supplies ``_name``)."""
+class RedisLeases:
+    """``Leases`` on the keys of one link's prefix."""
 
     #: a class attribute so that a test can run a deliberately broken variant (mutation check)
     admit_script: ClassVar[LuaScript] = ADMIT
 
-    if TYPE_CHECKING:
-
-        def _name(self, key: str) -> str: ...
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+        self._name = link.redis_key
 
     # -- key names ------------------------------------------------------------------------------
 
     def _node_keys(self, node_id: str) -> list[str]:
-        return [self._name(f"lease:n:{node_id}"), self._name(f"lease:i:{node_id}")]
+        return [self._name(key) for key in lease_node_keys(node_id)]
 
     def _queue_keys(self, model: str) -> list[str]:
-        return [self._name(f"lease:q:{model}"), self._name(f"lease:qi:{model}")]
+        return [self._name(key) for key in lease_queue_keys(model)]
 
     # -- facts ----------------------------------------------------------------------------------
 
@@ -83,18 +86,18 @@ class RedisLeases(RedisLink):
         for one in facts:
             fields += [one.node_id, _facts_record(one)]
         # One HSET replaces each node's record atomically; no script needed.
-        await self._command("HSET lease facts", b"HSET", self._name(_FACTS), *fields)
+        await self._link.execute("HSET lease facts", b"HSET", self._name(LEASE_FACTS), *fields)
 
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
-        await self._eval(DROP_FACTS, [self._name(_FACTS)], [node_id, conn_id])
+        await self._link.run_script(DROP_FACTS, [self._name(LEASE_FACTS)], [node_id, conn_id])
 
     # -- admission ------------------------------------------------------------------------------
 
     async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
         keys = [
             self._name(rules.presence_registry),
-            self._name(_FACTS),
-            self._name(f"lease:a:{ask.key_id}"),
+            self._name(LEASE_FACTS),
+            self._name(lease_active_key(ask.key_id)),
             *self._queue_keys(ask.model),
         ]
         args = [
@@ -110,11 +113,12 @@ class RedisLeases(RedisLink):
             _us(rules.lease_ttl_s),
             str(int(rules.queue_max)),
             str(int(rules.max_active_per_key)),
+            "1" if ask.again else "0",
         ]
         for node_id, conn_id in ask.candidates:
             keys += self._node_keys(node_id)
             args += [node_id, conn_id]
-        reply = await self._eval(self.admit_script, keys, args)
+        reply = await self._link.run_script(self.admit_script, keys, args)
         outcome, node_id, conn_id, lease_id, position, flat, next_in_queue = reply
         refusals = {
             _text(flat[k]): cast(RefusalReason, _text(flat[k + 1])) for k in range(0, len(flat), 2)
@@ -135,7 +139,9 @@ class RedisLeases(RedisLink):
         keys: list[str] = []
         for node_id, _ in leases:
             keys += self._node_keys(node_id)
-        reply = await self._eval(RENEW, keys, [_us(ttl_s), *(lease for _, lease in leases)])
+        reply = await self._link.run_script(
+            RENEW, keys, [_us(ttl_s), *(lease for _, lease in leases)]
+        )
         return [bool(int(flag)) for flag in reply]
 
     async def release(self, release: LeaseRelease, rules: AdmissionRules) -> list[tuple[str, str]]:
@@ -143,7 +149,7 @@ class RedisLeases(RedisLink):
         keys = [
             self._name(rules.presence_registry),
             *self._queue_keys(release.model),
-            self._name(f"lease:a:{release.key_id}"),
+            self._name(lease_active_key(release.key_id)),
         ]
         if lease is not None:
             keys += self._node_keys(lease[0])
@@ -157,7 +163,7 @@ class RedisLeases(RedisLink):
             _us(rules.requester_stale_s),
             *wake,
         ]
-        reply = await self._eval(RELEASE, keys, args)
+        reply = await self._link.run_script(RELEASE, keys, args)
         return [(_text(reply[k]), _text(reply[k + 1])) for k in range(0, len(reply), 2)]
 
     # -- views ----------------------------------------------------------------------------------
@@ -165,10 +171,10 @@ class RedisLeases(RedisLink):
     async def lease_usage(self, node_ids: Sequence[str]) -> dict[str, LeaseUsage]:
         if not node_ids:
             return {}
-        keys = [self._name(_FACTS)]
+        keys = [self._name(LEASE_FACTS)]
         for node_id in node_ids:
             keys += self._node_keys(node_id)
-        reply = await self._eval(USAGE, keys, list(node_ids))
+        reply = await self._link.run_script(USAGE, keys, list(node_ids))
         return {
             node_id: LeaseUsage(int(reply[2 * k]), float(_text(reply[2 * k + 1])))
             for k, node_id in enumerate(node_ids)
@@ -180,7 +186,7 @@ class RedisLeases(RedisLink):
         keys = [self._name(rules.presence_registry)]
         for model in models:
             keys += self._queue_keys(model)
-        reply = await self._eval(QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s)])
+        reply = await self._link.run_script(QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s)])
         return {model: int(depth) for model, depth in zip(models, reply, strict=True)}
 
 

@@ -1,25 +1,26 @@
 """The monitor election and fenced host facts in Redis (semantics: ``monitor_types``): each
 operation one Lua script, so the token compare and the write it guards are one atomic step
-that no other client's command can fall between. A mixin of ``RedisCoordination``.
+that no other client's command can fall between. The ``MonitorStore`` role on Redis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from coordinator.coordination.base import CoordinationUnavailable
+from coordinator.coordination.keys import (
+    MONITOR_EPOCH,
+    MONITOR_FACTS,
+    MONITOR_FACTS_AT,
+    MONITOR_FENCED_REJECTS,
+    MONITOR_LEASE,
+    monitor_accepted_key,
+)
 from coordinator.coordination.monitor_types import (
     ACCEPTED_TTL_S,
-    EPOCH_KEY,
-    FACTS_AT_KEY,
-    FACTS_KEY,
-    FENCED_REJECTS_KEY,
-    LEASE_KEY,
     HostFacts,
     MonitorClaim,
     MonitorStatus,
-    accepted_key,
     decode_facts,
     lease_value,
     parse_lease,
@@ -101,19 +102,19 @@ def _text(raw: object) -> str:
     return raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
 
 
-class RedisMonitor(RedisLink):
-    """The monitor part of ``RedisCoordination`` (which supplies ``_name``)."""
+class RedisMonitor:
+    """``MonitorStore`` on the keys of one link's prefix."""
 
-    if TYPE_CHECKING:
-
-        def _name(self, key: str) -> str: ...
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+        self._name = link.redis_key
 
     async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
-        keys = [self._name(LEASE_KEY), self._name(EPOCH_KEY)]
-        reply = await self._eval(MONITOR_ACQUIRE, keys, [candidate, _ms(ttl_s)])
+        keys = [self._name(MONITOR_LEASE), self._name(MONITOR_EPOCH)]
+        reply = await self._link.run_script(MONITOR_ACQUIRE, keys, [candidate, _ms(ttl_s)])
         if int(reply[0]) == 1:
             taken = int(_text(reply[1]))
-            if self.sentinel is not None:
+            if self._link.sentinel is not None:
                 await self._replicated(candidate, taken)
             return MonitorClaim(held=True, holder=candidate, epoch=taken)
         holder, epoch = parse_lease(_text(reply[1]).encode())
@@ -123,8 +124,8 @@ class RedisMonitor(RedisLink):
         """Under Sentinel, hand out a new epoch (a fencing token) only once a replica has it:
         a failover promotes a replica, and replication is asynchronous, so an epoch only the
         old master knew could be issued again, and tokens would go backwards."""
-        wait_ms = max(1, round(self.op_timeout_s * 500))
-        acks = await self._command("WAIT", b"WAIT", b"1", str(wait_ms))
+        wait_ms = max(1, round(self._link.op_timeout_s * 500))
+        acks = await self._link.execute("WAIT", b"WAIT", b"1", str(wait_ms))
         if int(acks) >= 1:
             return
         try:
@@ -138,15 +139,16 @@ class RedisMonitor(RedisLink):
 
     async def monitor_renew(self, candidate: str, epoch: int, ttl_s: float) -> bool:
         value = lease_value(candidate, epoch)
-        return bool(await self._eval(REFRESH_IF, [self._name(LEASE_KEY)], [value, _ms(ttl_s)]))
+        lease = [self._name(MONITOR_LEASE)]
+        return bool(await self._link.run_script(REFRESH_IF, lease, [value, _ms(ttl_s)]))
 
     async def monitor_resign(self, candidate: str, epoch: int) -> bool:
         args = [b"1", lease_value(candidate, epoch), b"0", b"", ""]
-        return bool(await self._eval(COMPARE_AND_SET, [self._name(LEASE_KEY)], args))
+        return bool(await self._link.run_script(COMPARE_AND_SET, [self._name(MONITOR_LEASE)], args))
 
     async def monitor_status(self) -> MonitorStatus:
-        names = [self._name(k) for k in (LEASE_KEY, EPOCH_KEY, FENCED_REJECTS_KEY)]
-        lease, epoch, rejects = await self._command("MGET monitor", b"MGET", *names)
+        names = [self._name(k) for k in (MONITOR_LEASE, MONITOR_EPOCH, MONITOR_FENCED_REJECTS)]
+        lease, epoch, rejects = await self._link.execute("MGET monitor", b"MGET", *names)
         holder, lease_epoch = parse_lease(lease)
         return MonitorStatus(
             holder=holder,
@@ -161,23 +163,23 @@ class RedisMonitor(RedisLink):
         keys = [
             self._name(key)
             for key in (
-                LEASE_KEY,
-                EPOCH_KEY,
-                FACTS_KEY,
-                FACTS_AT_KEY,
-                FENCED_REJECTS_KEY,
-                accepted_key(epoch),
+                MONITOR_LEASE,
+                MONITOR_EPOCH,
+                MONITOR_FACTS,
+                MONITOR_FACTS_AT,
+                MONITOR_FENCED_REJECTS,
+                monitor_accepted_key(epoch),
             )
         ]
         args = [candidate, str(int(epoch)), host_id, record, b"1" if fenced else b"0"]
         args.append(_ms(ACCEPTED_TTL_S))
-        return bool(await self._eval(MONITOR_WRITE_FACTS, keys, args))
+        return bool(await self._link.run_script(MONITOR_WRITE_FACTS, keys, args))
 
     async def host_facts(self, host_ids: Sequence[str] | None = None) -> dict[str, HostFacts]:
         if host_ids is not None and not host_ids:
             return {}
-        keys = [self._name(FACTS_KEY), self._name(FACTS_AT_KEY)]
-        reply = await self._eval(MONITOR_READ_FACTS, keys, list(host_ids or ()))
+        keys = [self._name(MONITOR_FACTS), self._name(MONITOR_FACTS_AT)]
+        reply = await self._link.run_script(MONITOR_READ_FACTS, keys, list(host_ids or ()))
         now = int(_text(reply[0])) / 1e6
         found: dict[str, HostFacts] = {}
         flat = list(reply[1])
@@ -187,5 +189,7 @@ class RedisMonitor(RedisLink):
         return found
 
     async def accepted_fact_writes(self, epoch: int) -> int:
-        reply = await self._command("GET accepted", b"GET", self._name(accepted_key(epoch)))
+        reply = await self._link.execute(
+            "GET accepted", b"GET", self._name(monitor_accepted_key(epoch))
+        )
         return int(reply or 0)

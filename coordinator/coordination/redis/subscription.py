@@ -26,7 +26,7 @@ from coordinator.coordination.redis.connect.errors import KEEPALIVE_FAILURES
 
 
 class SubscriptionHost(Protocol):
-    """What a subscription needs of the backend that opened it (``RedisCoordination``)."""
+    """What a subscription needs of the role that opened it (``pubsub.RedisPubSub``)."""
 
     @property
     def subscription_keepalive_s(self) -> float: ...

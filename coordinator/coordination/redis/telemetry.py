@@ -1,13 +1,13 @@
-"""Host telemetry histories in Redis: one list per node (``telemetry:{node_id}``), appended,
+"""The ``TelemetryStore`` role on Redis: one list per node (``keys.telemetry_key``), appended,
 trimmed and given its TTL by one script, so a reader never sees a list that is too long or
-one that would never expire. A mixin of ``RedisCoordination`` like ``redis_leases``.
+one that would never expire.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from coordinator.coordination.keys import telemetry_key
 from coordinator.coordination.redis.connect.link import RedisLink
 from coordinator.coordination.redis.scripts import LuaScript
 
@@ -37,17 +37,12 @@ return found
 )
 
 
-def telemetry_key(node_id: str) -> str:
-    """The key of a node's history, relative to the prefix."""
-    return f"telemetry:{node_id}"
+class RedisTelemetry:
+    """``TelemetryStore`` on the keys of one link's prefix."""
 
-
-class RedisTelemetry(RedisLink):
-    """The telemetry part of ``RedisCoordination`` (which supplies ``_name``)."""
-
-    if TYPE_CHECKING:
-
-        def _name(self, key: str) -> str: ...
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+        self._name = link.redis_key
 
     async def append_telemetry(
         self, node_id: str, sample: bytes, *, keep: int, ttl_s: float
@@ -56,18 +51,18 @@ class RedisTelemetry(RedisLink):
             raise ValueError(f"keep must be >= 1 and ttl_s > 0, got {keep!r}, {ttl_s!r}")
         ttl_ms = str(max(1, round(ttl_s * 1000)))
         key = self._name(telemetry_key(node_id))
-        await self._eval(APPEND_TELEMETRY, [key], [sample, str(int(keep)), ttl_ms])
+        await self._link.run_script(APPEND_TELEMETRY, [key], [sample, str(int(keep)), ttl_ms])
 
     async def telemetry_history(self, node_id: str) -> list[bytes]:
         key = self._name(telemetry_key(node_id))
-        reply = await self._command("LRANGE telemetry", b"LRANGE", key, 0, -1)
+        reply = await self._link.execute("LRANGE telemetry", b"LRANGE", key, 0, -1)
         return [bytes(item) for item in reply or []]
 
     async def latest_telemetry(self, node_ids: Sequence[str]) -> dict[str, bytes]:
         if not node_ids:
             return {}
         keys = [self._name(telemetry_key(node)) for node in node_ids]
-        reply = await self._eval(LATEST_TELEMETRY, keys, [])
+        reply = await self._link.run_script(LATEST_TELEMETRY, keys, [])
         return {
             node: bytes(item)
             for node, item in zip(node_ids, reply, strict=True)

@@ -2,7 +2,7 @@
 
 ``Membership`` owns everything about "who is in the cluster and who is dead":
 
-* it beats into the presence registry (``registry.PRESENCE``) every ``beat_s`` (and at once
+* it beats into the presence registry (``keys.PRESENCE``) every ``beat_s`` (and at once
   after ``snapshot_changed``), publishing the instance's snapshot with the beat: one atomic
   call, stamped with the backend's clock, on a connection of its own (Redis);
 * it keeps the last snapshots of the peers that beat recently (``peers``), judged by the same
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import trio
 
@@ -32,6 +32,7 @@ from coordinator.coordination import (
     KeyValue,
     Presence,
     PresenceView,
+    keys,
 )
 from coordinator.coordination.bus.base import Bus
 from coordinator.core import registry
@@ -40,7 +41,7 @@ from coordinator.core.registry import InstanceSnapshot
 from coordinator.errors import StartupRefused
 from coordinator.settings import Settings
 
-__all__ = ["FORGET_AFTER_S", "MemberLiveness", "Membership", "MembershipStore"]
+__all__ = ["FORGET_AFTER_S", "MemberLiveness", "Membership"]
 
 log = logging.getLogger("gemmanet.membership")
 
@@ -49,11 +50,6 @@ log = logging.getLogger("gemmanet.membership")
 FORGET_AFTER_S = 60.0
 #: how long a change waits for more before it is published (far below the beat)
 COALESCE_S = 0.05
-
-
-class MembershipStore(KeyValue, Presence, Protocol):
-    """What membership needs of the store: the presence registry, plus plain keys for each
-    member's snapshot (the two roles together; any ``Coordination`` is one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +73,8 @@ class Membership:
 
     def __init__(
         self,
-        coordination: MembershipStore,
+        key_value: KeyValue,
+        presence: Presence,
         bus: Bus,
         settings: Settings,
         *,
@@ -85,7 +82,9 @@ class Membership:
         clock: Callable[[], float],
         loads: Callable[[], registry.BeatLoads] | None = None,
     ) -> None:
-        self.coordination = coordination
+        #: the members' snapshots (plain keys) and the presence registry
+        self.key_value = key_value
+        self.presence = presence
         self.bus = bus
         self.settings = settings
         self.me = settings.instance_id
@@ -169,7 +168,7 @@ class Membership:
         # Shielded from the cancellation that stops us, but bounded: the deadline sits inside.
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             try:
-                await self.coordination.presence_leave(registry.PRESENCE, self.me)
+                await self.presence.presence_leave(keys.PRESENCE, self.me)
             except CoordinationUnavailable:
                 pass
 
@@ -196,8 +195,8 @@ class Membership:
                 snapshot, encoded, digest = self._last_encoded
         await self._publish_snapshot(encoded, digest)
         sent = self._clock()
-        view = await self.coordination.presence_beat(
-            registry.PRESENCE,
+        view = await self.presence.presence_beat(
+            keys.PRESENCE,
             self.me,
             registry.encode_presence(snapshot, digest, busy, in_flight),
             stall_after_s=self.timing.stall_gap_s,
@@ -255,9 +254,7 @@ class Membership:
         if written and written[0] == digest and now - written[1] < registry.SNAPSHOT_REWRITE_S:
             return
         try:
-            await self.coordination.set(
-                registry.snapshot_key(self.me), encoded, ttl_s=FORGET_AFTER_S
-            )
+            await self.key_value.set(keys.snapshot_key(self.me), encoded, ttl_s=FORGET_AFTER_S)
         except CoordinationUnavailable as exc:
             log.warning("could not publish this instance's snapshot: %s", exc)
             return
@@ -288,7 +285,7 @@ class Membership:
             if p.digest and (m not in self._known or self._known[m][0] != p.digest)
         )
         if moved:
-            fetched = await self.coordination.get_many([registry.snapshot_key(m) for m in moved])
+            fetched = await self.key_value.get_many([keys.snapshot_key(m) for m in moved])
             for member, data in zip(moved, fetched, strict=True):
                 snapshot = registry.decode_snapshot(data) if data is not None else None
                 if snapshot is not None:
@@ -374,8 +371,8 @@ class Membership:
         # answers, which is what failover_bound_s counts.
         listening = {i: await self.bus.is_listening(i) for i in sorted(set(instance_ids))}
         sent = self._clock()
-        view = await self.coordination.presence_read(
-            registry.PRESENCE, stall_after_s=self.timing.stall_gap_s
+        view = await self.presence.presence_read(
+            keys.PRESENCE, stall_after_s=self.timing.stall_gap_s
         )
         dead = self._judge.judge(
             now=view.now,

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import NoReturn
 
-from coordinator.coordination import CoordinationUnavailable, KeyValue
+from coordinator.coordination import CoordinationUnavailable, KeyValue, keys
 from coordinator.core import registry
 from coordinator.core.node_table import NodeConnection
 from coordinator.runtime.batched import Batched
@@ -71,10 +71,10 @@ class Ownership:
 
     async def _swap_many(self, conns: list[NodeConnection]) -> list[bytes | None]:
         items = [
-            (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
+            (keys.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
         ]
         return await self._coordination.swap_many(
-            items, ttl_s=self._ttl_s, bump=registry.OWNERS_CHANGED
+            items, ttl_s=self._ttl_s, bump=keys.OWNERS_CHANGED
         )
 
     async def release(self, node_id: str, conn_id: str) -> None:
@@ -84,14 +84,14 @@ class Ownership:
             self._turns[turn].discard(conn_id)
         try:
             await self._coordination.compare_and_set(
-                registry.owner_key(node_id), registry.owner_value(self.me, conn_id), None
+                keys.owner_key(node_id), registry.owner_value(self.me, conn_id), None
             )
         except CoordinationUnavailable:
             pass  # it expires with its TTL
 
     async def confirm(self, conn: NodeConnection) -> bool:
         """Refresh our record, or take it back if it expired; False when owned elsewhere."""
-        key, mine = registry.owner_key(conn.node_id), registry.owner_value(self.me, conn.conn_id)
+        key, mine = keys.owner_key(conn.node_id), registry.owner_value(self.me, conn.conn_id)
         if await self._coordination.refresh_if(key, mine, self._ttl_s):
             return True
         return await self._take_back(key, mine)
@@ -103,7 +103,7 @@ class Ownership:
         if await self._coordination.compare_and_set(key, None, mine, ttl_s=self._ttl_s):
             # Others watch the counter to re-read their records; if this bump is lost, their
             # refresh (``confirm_all``, a third of the TTL) still finds out.
-            await self._coordination.incr(registry.OWNERS_CHANGED)
+            await self._coordination.incr(keys.OWNERS_CHANGED)
             return True
         return await self._coordination.get(key) == mine
 
@@ -122,7 +122,7 @@ class Ownership:
         Only connections whose claim completed are checked (as in ``owned_elsewhere``)."""
         conns = [c for c in conns if self._claimed(c.conn_id)]
         keyed = [
-            (registry.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
+            (keys.owner_key(c.node_id), registry.owner_value(self.me, c.conn_id)) for c in conns
         ]
         refreshed = await self._coordination.refresh_many(keyed, self._ttl_s)
         lost = []
@@ -138,13 +138,13 @@ class Ownership:
         # stands still there is nothing to re-read (one GET a beat, not one key per node). It is
         # read before choosing the connections: one claimed meanwhile is checked now, or the
         # counter has moved past our mark and the next beat reads again.
-        changed = await self._coordination.get(registry.OWNERS_CHANGED)
+        changed = await self._coordination.get(keys.OWNERS_CHANGED)
         if changed is not None and changed == self._checked_at:
             return []  # before looking at any connection: an idle beat is O(1)
         conns = [c for c in conns if self._claimed(c.conn_id)]
         if not conns:
             return []
-        values = await self._coordination.get_many([registry.owner_key(c.node_id) for c in conns])
+        values = await self._coordination.get_many([keys.owner_key(c.node_id) for c in conns])
         self._checked_at = changed
         lost = []
         for conn, value in zip(conns, values, strict=True):

@@ -15,11 +15,10 @@ import logging
 
 import trio
 
-from coordinator.coordination import CoordinationUnavailable, KeyValue
+from coordinator.coordination import CoordinationUnavailable, KeyValue, Presence, keys
 from coordinator.coordination.bus.base import Bus
 from coordinator.core import registry
 from coordinator.errors import StartupRefused
-from coordinator.runtime.cluster.membership import MembershipStore
 from coordinator.settings import Settings
 
 log = logging.getLogger("gemmanet.lock")
@@ -34,7 +33,7 @@ async def hold_single_instance_lock(
 ) -> None:
     """A second instance refuses to start; the lock expires ``ttl_s`` after its holder dies
     and is released at once when its holder stops gracefully."""
-    key, value = registry.SINGLE_INSTANCE_LOCK, instance_id.encode()
+    key, value = keys.SINGLE_INSTANCE_LOCK, instance_id.encode()
     try:
         acquired = await coordination.set(key, value, ttl_s=ttl_s, only_if_absent=True)
         holder = None if acquired else await coordination.get(key)
@@ -65,14 +64,14 @@ async def hold_single_instance_lock(
                 pass
 
 
-async def refuse_mixed_modes(coordination: MembershipStore, settings: Settings) -> None:
+async def refuse_mixed_modes(key_value: KeyValue, presence: Presence, settings: Settings) -> None:
     """``StartupRefused`` if an instance of the other GEMMANET_MULTI_INSTANCE mode runs on this
     Redis and prefix. Call it after this instance's first beat (and, with ``=0``, after taking
     the lock)."""
     prefix = settings.key_prefix
     try:
         if settings.multi_instance:
-            holder = await coordination.get(registry.SINGLE_INSTANCE_LOCK)
+            holder = await key_value.get(keys.SINGLE_INSTANCE_LOCK)
             if holder is not None:
                 raise StartupRefused(
                     f"instance {holder.decode(errors='replace')} runs alone on this Redis "
@@ -80,8 +79,8 @@ async def refuse_mixed_modes(coordination: MembershipStore, settings: Settings) 
                     "with GEMMANET_MULTI_INSTANCE=1, or give this one another GEMMANET_KEY_PREFIX"
                 )
             return
-        view = await coordination.presence_read(
-            registry.PRESENCE, stall_after_s=settings.liveness_timing().stall_gap_s
+        view = await presence.presence_read(
+            keys.PRESENCE, stall_after_s=settings.liveness_timing().stall_gap_s
         )
     except CoordinationUnavailable as exc:
         raise StartupRefused(f"cannot reach Redis at start: {exc}") from None

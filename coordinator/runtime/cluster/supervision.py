@@ -14,6 +14,7 @@ import trio
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.effects import Effect
 from coordinator.core.instance_machine import InstanceMachine
+from coordinator.core.liveness import FreezeWatch
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.runtime.cluster.membership import Membership
 from coordinator.runtime.cluster.ownership import Ownership
@@ -56,19 +57,17 @@ class Supervisor:
         instance, machine = self.instance, self.instance.machine
         sweep = self.settings.sweep_s
         heartbeat = self.settings.heartbeat_interval_s
-        silence_deadline = heartbeat * self.settings.heartbeat_misses
-        last_tick = instance.clock()
-        judge_silence_from = last_tick
+        # Not right after a freeze of this process: the nodes' heartbeats wait unread meanwhile.
+        freezes = FreezeWatch(
+            sweep_s=sweep,
+            heartbeat_s=heartbeat,
+            silence_deadline_s=heartbeat * self.settings.heartbeat_misses,
+            now=instance.clock(),
+        )
         while True:
             await trio.sleep(sweep)
             now = instance.clock()
-            if now - last_tick > 2 * max(sweep, heartbeat):
-                # This process was frozen (SIGSTOP, swapping, a debugger): the nodes'
-                # heartbeats are still waiting in the sockets. Read them before judging.
-                judge_silence_from = now + heartbeat
-            last_tick = now
-            silence = silence_deadline if now >= judge_silence_from else None
-            instance.apply(machine.tick(now, silence_deadline_s=silence))
+            instance.apply(machine.tick(now, silence_deadline_s=freezes.tick(now)))
             # Every listed peer too, not only those we wait on: a killed peer's closed inbox
             # takes it out of placement and of the API's lists at once, not at its TTL.
             suspects = set(machine.peers_of_interest())

@@ -12,8 +12,8 @@ connections get the shorter interval their count calls for.
 
 Changing a node's interval is safe in both directions of the silence verdict:
 
-* our deadline for the node (``NodeConnection.silent_after_s``) is lengthened at once, before
-  the node has heard of it (being lenient first is never wrong);
+* our deadline for the node (``NodeTable.lengthen_silence``) is lengthened at once, before the
+  node has heard of it (being lenient first is never wrong);
 * our heartbeats to it keep their old pace until the one that carries the new interval has gone
   out; only then do they slow down, so the node never waits longer than its old deadline for a
   heartbeat that would tell it to wait longer.
@@ -84,7 +84,7 @@ class NodeHeartbeats:
                     other.pending_s = wanted  # told in its next heartbeat
                     known = nodes.by_conn(conn_id)
                     if known is not None:
-                        known.silent_after_s = wanted * self.misses  # lenient at once
+                        nodes.lengthen_silence(known, wanted * self.misses)  # lenient at once
         elif wanted * RAISE_STEP <= self.interval_s:
             # Most nodes left: new ones get the shorter interval (those still connected keep
             # theirs; together they stay within the rate).
@@ -95,7 +95,7 @@ class NodeHeartbeats:
         link.seq = self._attached
         self._pace(link, self.interval_s)
         self._schedule(conn.conn_id, link)
-        conn.silent_after_s = self.interval_s * self.misses
+        nodes.lengthen_silence(conn, self.interval_s * self.misses)
 
     def _pace(self, link: NodeLink, interval_s: float) -> None:
         link.heartbeat_s = interval_s

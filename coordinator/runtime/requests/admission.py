@@ -2,7 +2,7 @@
 
 The requester machine asks for a lease (``Reserve``) and gives back what a request held
 (``ReleaseLease``); this module carries both out against the shared store
-(``Coordination.admit`` / ``release``, semantics in ``coordination/leases.py``):
+(the ``Leases`` role's ``admit`` / ``release``, semantics in ``coordination/leases.py``):
 
 * ``reserve`` carries out what the admission machine (``core/admission.py``) decides for the
   request: it asks the store, sleeps until the time the machine names (a wake for the model
@@ -12,8 +12,13 @@ The requester machine asks for a lease (``Reserve``) and gives back what a reque
   stops waiting at once (the task is cancelled; the machine hears ``ended``).
 * ``release`` runs in the background, off the answer's path, and wakes the next in line.
 * ``renew`` keeps the leases of long tasks alive; a dead instance's leases heal by their TTL.
-* A store call that hangs is bounded here (``ADMIT_GIVE_UP_S``) and counts as unreachable:
-  ``503 coordination_unavailable`` (fail closed).
+* A store call that times out (``CoordinationTimeout``: slow, not known down) is reported to
+  the machine (``timed_out``), which has it made again after a backoff until the store has
+  been silent for ``Settings.store_outage_s``; a refused or closed connection is reported as
+  ``unreachable`` and fails closed at once (``503 coordination_unavailable``). A call that
+  hangs past ``ADMIT_GIVE_UP_S`` counts as timed out.
+* Neither a release nor a renewal that fails ever fails a task in flight: a release is made
+  again in the background (``release_retry_in``), a renewal soon after a failure.
 """
 
 from __future__ import annotations
@@ -23,9 +28,8 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from coordinator.coordination import CoordinationUnavailable, Leases
+from coordinator.coordination import CoordinationUnavailable, Leases, keys
 from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
-from coordinator.core import registry
 from coordinator.core.admission import (
     AdmissionMachine,
     AskStore,
@@ -33,18 +37,20 @@ from coordinator.core.admission import (
     Failed,
     Granted,
     Left,
+    MayHold,
     Queued,
     Step,
     Ticket,
     WaitUntil,
     WakeLocal,
     WakePeer,
-    release_retry_in,
     step_of,
 )
 from coordinator.core.effects import Effect, ReleaseLease, Reserve
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.placement import NodeView
+from coordinator.core.retries import release_retry_in
+from coordinator.errors import CoordinationTimeout
 from coordinator.runtime.cluster.bus_outbox import BusOutbox
 from coordinator.runtime.metrics import Metrics
 from coordinator.settings import Settings
@@ -57,6 +63,8 @@ REQUESTER_STALE_S = 10.0
 WAKE_GIVE_UP_S = 2.0
 #: one store call's bound (a store that hangs must not hold a request, nor a shutdown)
 ADMIT_GIVE_UP_S = 5.0
+#: after a renewal that failed, the next one comes this soon (not a third of the TTL later)
+RENEW_RETRY_S = 1.0
 
 
 def admission_rules(
@@ -67,7 +75,7 @@ def admission_rules(
     max_active_per_key: int,
 ) -> AdmissionRules:
     return AdmissionRules(
-        presence_registry=registry.PRESENCE,
+        presence_registry=keys.PRESENCE,
         facts_stale_s=residency_stale_s,
         requester_stale_s=REQUESTER_STALE_S,
         lease_ttl_s=lease_ttl_s,
@@ -104,6 +112,7 @@ class Admissions:
             queue_timeout_s=settings.queue_timeout_s,
             queue_max=settings.queue_max,
             max_active_per_key=settings.max_active_per_key,
+            store_outage_s=settings.store_outage_s,
         )
         # Per waiting ticket, what cuts its wait short: set when the machine records a wake for
         # it (``WakeLocal``), renewed when a wakeable wait ends (the machine consumes the wake
@@ -127,7 +136,10 @@ class Admissions:
                 step = self._carry_out(decisions)
                 if isinstance(step, AskStore):
                     admission = await self._admit(effect, step)
-                    if admission is None:
+                    if isinstance(admission, CoordinationTimeout):
+                        silent_for = admission.silent_for_s
+                        decisions = self.waiters.timed_out(ticket, self._clock(), silent_for)
+                    elif isinstance(admission, CoordinationUnavailable):
                         decisions = self.waiters.unreachable(ticket, self._clock())
                     else:
                         decisions = self.waiters.answer(ticket, admission, self._clock())
@@ -167,6 +179,9 @@ class Admissions:
             elif isinstance(decision, Queued):
                 self._metrics.lease_denials.labels(reason="no_room").inc()
                 self._machine.requester.waiting(decision.ticket[0])
+            elif isinstance(decision, MayHold):
+                # Whatever an unanswered ask left in the store is given back at the end.
+                self._machine.requester.waiting(decision.ticket[0])
             elif isinstance(decision, Left) and decision.queued_for is not None:
                 self._metrics.queue_wait.observe(decision.queued_for)
         return step_of(decisions)
@@ -179,8 +194,9 @@ class Admissions:
             await self._wakes[step.ticket].wait()
         self._wakes[step.ticket] = trio.Event()
 
-    async def _admit(self, effect: Reserve, step: AskStore) -> Admission | None:
-        """The store's answer (None: it could not be reached)."""
+    async def _admit(self, effect: Reserve, step: AskStore) -> Admission | CoordinationUnavailable:
+        """The store's answer, or why there is none (``CoordinationTimeout``: it did not
+        answer in time; any other: it could not be reached)."""
         requester = self._machine.requester
         model, candidates = step.model, step.candidates
         cost = self._settings.capacity.cost(model)
@@ -194,6 +210,7 @@ class Admissions:
             candidates=tuple((v.node_id, v.conn_id) for v in candidates),
             lease_id=f"{effect.task_id}.{effect.attempt}",
             queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
+            again=step.again,
         )
         try:
             # Shielded: a lease granted to a request that is being cancelled must still reach
@@ -202,10 +219,14 @@ class Admissions:
             # by its TTL).
             with trio.CancelScope(shield=True), trio.move_on_after(ADMIT_GIVE_UP_S):
                 return await self._coordination.admit(ask, self.rules)
-            raise CoordinationUnavailable(f"no answer within {ADMIT_GIVE_UP_S:g} s")
+            raise CoordinationTimeout(f"no answer within {ADMIT_GIVE_UP_S:g} s")
+        except CoordinationTimeout as exc:
+            # The machine has it asked again (or gives up past the bound and says so).
+            log.info("task %s: capacity lease ask timed out: %s", effect.task_id, exc)
+            return exc
         except CoordinationUnavailable as exc:
             log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
-            return None
+            return exc
 
     # -- waking -----------------------------------------------------------------------------
 
@@ -248,15 +269,22 @@ class Admissions:
             self.wake(model, instance_id)
 
     async def renew(self) -> None:
-        """Keep this instance's leases alive while their tasks run."""
+        """Keep this instance's leases alive while their tasks run. A renewal that times out
+        is made again soon (a lease outlives two of them); none fails a task."""
         ttl = self.rules.lease_ttl_s
+        delay = ttl / 3
         while True:
-            await trio.sleep(ttl / 3)
+            await trio.sleep(delay)
+            delay = ttl / 3
             leases = self._machine.requester.leases()
             if not leases:
                 continue
             try:
                 held = await self._coordination.renew_leases(leases, ttl)
+            except CoordinationTimeout as exc:
+                log.warning("could not renew %d capacity lease(s) yet: %s", len(leases), exc)
+                delay = min(RENEW_RETRY_S, ttl / 3)
+                continue
             except CoordinationUnavailable as exc:
                 log.warning("could not renew %d capacity lease(s): %s", len(leases), exc)
                 continue

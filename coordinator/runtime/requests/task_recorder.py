@@ -79,4 +79,4 @@ class TaskRecorder:
                 return
             except TaskNotFound:
                 continue
-        raise TaskNotFound(task_id)
+        raise TaskNotFound(f"no task with id {task_id}")

@@ -54,22 +54,28 @@ class RequestHost(Protocol):
 
     store: Store
 
-    @property
-    def coordination(self) -> RateLimits: ...
-
     def new_id(self, prefix: str) -> str: ...
     def apply(self, effects: list[Effect]) -> None: ...
     async def carry_out(self, effects: list[Effect]) -> None: ...
 
 
 class TaskRequests:
-    def __init__(self, instance: RequestHost) -> None:
+    def __init__(self, instance: RequestHost, rate_limits: RateLimits) -> None:
         self._instance = instance
+        self._rate_limits = rate_limits
 
     async def check_rate_limit(self, key_id: str) -> None:
-        """Raises RateLimited past the key's budget (one budget across every route)."""
-        inst = self._instance
-        await check_rate_limit(inst.coordination, inst.settings.rate_limit, key_id)
+        """Raises RateLimited past the key's budget (one budget across every route). A slow
+        store is waited out up to the outage bound, within the request's own budget (its
+        queue timeout, capped by the task timeout)."""
+        settings = self._instance.settings
+        await check_rate_limit(
+            self._rate_limits,
+            settings.rate_limit,
+            key_id,
+            store_outage_s=settings.store_outage_s,
+            budget_s=min(settings.queue_timeout_s, settings.task_timeout_s),
+        )
 
     async def rate(self, task_id: str, key_id: str, score: int) -> None:
         inst = self._instance

@@ -25,6 +25,7 @@ __all__ = [
     "KEEPALIVE_FAILURES",
     "acl_hint",
     "caused_by_cancellation",
+    "caused_by_timeout",
     "describe",
     "is_failure",
     "misuse",
@@ -120,6 +121,25 @@ def caused_by_cancellation(exc: BaseException) -> bool:
             continue
         seen.add(id(current))
         if isinstance(current, trio.Cancelled):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
+
+
+def caused_by_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` comes of a deadline (a connect or a read that took too long: the server
+    may be slow, not down), as opposed to a refused connection, a closed socket or an error
+    reply."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, TimeoutError | trio.TooSlowError):
             return True
         if isinstance(current, BaseExceptionGroup):
             pending.extend(current.exceptions)

@@ -11,6 +11,12 @@ operation by ``op_timeout_s`` and maps every failure to ``CoordinationUnavailabl
 still does the hard parts: RESP3 parsing, pipelined writes, TLS and the HELLO/AUTH handshake.
 If coredis changes those internals, this module (and the subscription pump, which reads
 ``push_messages``) is what to adapt.
+
+Every role object of the backend (``redis/*.py``) holds the one ``RedisLink`` of its bundle and
+reaches Redis through its public part: ``redis_key`` (the key prefix), ``execute`` and
+``run_script`` (one guarded command or script), ``guarded`` and ``request`` (an operation of
+several steps), ``open_connection`` and ``track`` (connections of their own). So does the
+Streams bus (``bus/streams.py``), with ``dedicated.py`` for its blocking reads.
 """
 
 from __future__ import annotations
@@ -18,9 +24,8 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
-from pathlib import Path
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -30,10 +35,12 @@ from coredis.exceptions import ConnectionError as RedisConnectionError
 from coredis.exceptions import MovedError, NoScriptError, ResponseError
 
 from coordinator.coordination.base import CoordinationUnavailable, OpObserver
-from coordinator.coordination.redis.connect.cluster import plain_url, slot_owner
+from coordinator.coordination.redis.connect.cluster import key_slot, plain_url, tagged_prefix
+from coordinator.coordination.redis.connect.discovery import sentinel_master, slot_master
 from coordinator.coordination.redis.connect.errors import (
     acl_hint,
     caused_by_cancellation,
+    caused_by_timeout,
     describe,
     is_failure,
     misuse,
@@ -41,34 +48,22 @@ from coordinator.coordination.redis.connect.errors import (
 )
 from coordinator.coordination.redis.connect.sentinel import parse_sentinel_url
 from coordinator.coordination.redis.scripts import LuaScript
-from coordinator.errors import SettingsError
+from coordinator.errors import CoordinationTimeout, SettingsError
 
-__all__ = ["DedicatedConnection", "Droppable", "RedisLink", "read_password_file"]
+__all__ = ["Droppable", "Operation", "RedisLink"]
 
 log = logging.getLogger("coordinator.coordination.redis.coordination")
 
 T = TypeVar("T")
 
 
-def read_password_file(password_file: str | None) -> str | None:
-    """The file's content minus surrounding whitespace, so secrets stay out of URLs and logs."""
-    if not password_file:
-        return None
-    try:
-        return Path(password_file).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise SettingsError(
-            f"GEMMANET_REDIS_PASSWORD_FILE={password_file!r}: cannot read the file: {exc.strerror}"
-        ) from None
-
-
 class Droppable(Protocol):
-    """A connection the guard can drop: a coredis one or a lean one (``redis_lean``)."""
+    """A connection the guard can drop: a coredis one or a lean one (``redis/lean/``)."""
 
     def invalidate(self, reason: str) -> None: ...
 
 
-class _Operation:
+class Operation:
     """The connection an operation is waiting on, so a timeout can drop exactly that one."""
 
     __slots__ = ("waiting_on",)
@@ -89,14 +84,23 @@ class _TaskStatusProbe:
         self._task_status.started(value)
 
 
+def _heard_from(connection: Droppable, within_s: float) -> bool:
+    """Whether ``connection`` received bytes in the last ``within_s`` (coredis connections
+    keep the time; others are taken as stuck)."""
+    last = getattr(getattr(connection, "statistics", None), "last_byte_received_at", None)
+    return isinstance(last, float) and time.perf_counter() - last < within_s
+
+
 class RedisLink:
-    """Connections to one Redis: lanes of multiplexed connections, dedicated ones, and the
-    guard that bounds and classifies every operation. ``RedisCoordination`` builds on it."""
+    """Connections to one Redis under one key prefix: lanes of multiplexed connections, and
+    the guard that bounds and classifies every operation. ``RedisCoordination`` holds one and
+    hands it to each of its role objects."""
 
     def __init__(
         self,
         url: str,
         *,
+        key_prefix: str = "gn",
         password: str | None,
         op_timeout_s: float,
         ssl_context: ssl.SSLContext | None = None,
@@ -110,7 +114,7 @@ class RedisLink:
         if self.sentinel is not None:
             url = self.sentinel.master_url
         url, self.cluster = plain_url(url)
-        self._routed = self.cluster or self.sentinel is not None
+        self.routed = self.cluster or self.sentinel is not None
         if ssl_context is not None and not url.startswith("rediss://"):  # after plain_url
             # coredis would wrap even a redis:// connection in it: say what was meant instead.
             raise SettingsError("a TLS context (GEMMANET_REDIS_CA_FILE) needs a rediss:// URL")
@@ -129,10 +133,20 @@ class RedisLink:
         self._connect_locks: dict[str, trio.Lock] = {}
         # Every open connection, coredis or lean, so that closing the backend drops them all.
         self._live: set[Droppable] = set()
+        # Connections dropped because an operation on them timed out: the other operations
+        # waiting on one of them fail with "connection lost", which is the same slowness
+        # (CoordinationTimeout), not a server that closed the socket.
+        self._dropped_slow: weakref.WeakSet[Droppable] = weakref.WeakSet()
+        # When Redis last answered any operation (perf_counter), a reply or an error reply:
+        # how long it has been silent goes with every CoordinationTimeout (``silent_for_s``).
+        self._answered_at: float | None = None
         self._closed = False
-        #: Cluster only: the slot all of this link's keys hash to (``redis_cluster`` module
+        self.key_prefix = key_prefix
+        # On a cluster, the hash tag {key_prefix} keeps every key in one slot (cluster.py).
+        self._prefix = tagged_prefix(key_prefix) if self.cluster else f"{key_prefix}:"
+        #: Cluster only: the slot all of this link's keys hash to (``cluster.py`` module
         #: docstring), its master once known, and every master seen (seeds for rediscovery).
-        self.home_slot = 0
+        self.home_slot = key_slot(self._prefix)
         self._home: TCPLocation | None = None
         self._masters: list[TCPLocation] = []
         self._discover_lock = trio.Lock()
@@ -148,14 +162,51 @@ class RedisLink:
         """Live connections: one per lane in use plus one per subscription (diagnostics)."""
         return len(self._live)
 
-    def _close_connections(self) -> None:
+    @property
+    def pool(self) -> ConnectionPool[Any]:
+        """Where and how connections go (parsed from the URL; it opens nothing itself)."""
+        return self._pool
+
+    @property
+    def prefix(self) -> str:
+        """What ``redis_key`` puts before every key: ``<key_prefix>:`` (``{…}:`` on a cluster)."""
+        return self._prefix
+
+    def redis_key(self, key: str) -> str:
+        """The Redis name of ``key``: this link's prefix plus ``key``."""
+        return self._prefix + key
+
+    def track(self, connection: Droppable) -> None:
+        """Count a connection opened beside the lanes (a lean one): closing drops it too."""
+        self._live.add(connection)
+
+    def untrack(self, connection: Droppable) -> None:
+        self._live.discard(connection)
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Run this link's connections in ``nursery`` (its bundle's, for the bundle's life)."""
+        self._nursery = nursery
+
+    def detach(self) -> None:
+        """Cancel the nursery of ``attach`` (its connections end with it) and forget it."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        self._nursery = None
+
+    def start_soon(self, async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run a helper task in this link's nursery; it must handle its own errors and ends
+        when the backend closes (at the latest)."""
+        self.require_nursery().start_soon(async_fn, *args)
+
+    def close(self) -> None:
+        """Drop every connection; every operation from now on fails. Idempotent."""
         self._closed = True
         for connection in list(self._live):
             connection.invalidate("coordination closed")
         self._live.clear()
         self._lanes.clear()
 
-    def _require_nursery(self) -> trio.Nursery:
+    def require_nursery(self) -> trio.Nursery:
         if self._closed:
             raise CoordinationUnavailable("the Redis coordination backend is closed")
         if self._nursery is None:
@@ -165,8 +216,8 @@ class RedisLink:
             )
         return self._nursery
 
-    async def _open_connection(self) -> BaseConnection:
-        if self._routed:
+    async def open_connection(self) -> BaseConnection:
+        if self.routed:
             return await self._connect(await self._cluster_home())
         return await self._connect(None)
 
@@ -174,7 +225,7 @@ class RedisLink:
         self, location: TCPLocation | None, *, to_sentinel: bool = False
     ) -> BaseConnection:
         """A running connection to ``location`` (None: the URL's server)."""
-        nursery = self._require_nursery()
+        nursery = self.require_nursery()
         pool = self._pool
         assert pool.location is not None
         kwargs = dict(pool.connection_kwargs)
@@ -190,8 +241,8 @@ class RedisLink:
 
     # -- Redis Cluster --------------------------------------------------------------------------
     # Every key of a deployment shares one hash slot, so the whole routing is: find the master
-    # of that slot (CLUSTER SLOTS on any reachable node), send everything there, and follow a
-    # MOVED (failover, resharding) by re-pointing every lane at the new master.
+    # of that slot (CLUSTER SLOTS on any reachable node: discovery.py), send everything there,
+    # and follow a MOVED (failover, resharding) by re-pointing every lane at the new master.
 
     async def _cluster_home(self) -> TCPLocation:
         home = self._home
@@ -204,71 +255,19 @@ class RedisLink:
 
     async def _discover_home(self) -> TCPLocation:
         if self.sentinel is not None:
-            return await self._ask_sentinels()
+            return await sentinel_master(self._connect, self.sentinel)
         seed = self._pool.location
         assert isinstance(seed, TCPLocation)
-        failure: Exception | None = None
-        for location in dict.fromkeys([seed, *self._masters]):
-            try:
-                connection = await self._connect(location)
-            except RedisConnectionError as exc:
-                failure = exc
-                continue
-            try:
-                reply: Any = await connection.create_request(b"CLUSTER", b"SLOTS", decode=False)
-            except RedisConnectionError as exc:
-                failure = exc
-                continue
-            finally:
-                connection.invalidate("cluster discovery done")
-            # A master announced without an address is reachable where the seed is.
-            self._masters = [
-                TCPLocation(bytes(entry[2][0]).decode() or location.host, int(entry[2][1]))
-                for entry in reply
-            ]
-            owner = slot_owner(reply, self.home_slot)
-            if owner is None:
-                raise ResponseError(f"CLUSTERDOWN no master serves slot {self.home_slot}")
-            return TCPLocation(owner[0] or location.host, owner[1])
-        assert failure is not None
-        raise failure
-
-    async def _ask_sentinels(self) -> TCPLocation:
-        """The master the first answering sentinel names, once it says ``ROLE`` master (a
-        sentinel that has not noticed a failover yet may still name the dead or demoted one)."""
-        assert self.sentinel is not None
-        failure: Exception = RedisConnectionError("no sentinel answered")
-        for host, port in self.sentinel.sentinels:
-            try:
-                connection = await self._connect(TCPLocation(host, port), to_sentinel=True)
-            except RedisConnectionError as exc:
-                failure = exc
-                continue
-            try:
-                reply: Any = await connection.create_request(
-                    b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", self.sentinel.service, decode=False
-                )
-            except RedisConnectionError as exc:
-                failure = exc
-                continue
-            finally:
-                connection.invalidate("sentinel asked")
-            if not reply:
-                raise ResponseError(f"the sentinels know no master {self.sentinel.service!r}")
-            master = TCPLocation(bytes(reply[0]).decode(), int(reply[1]))
-            connection = await self._connect(master)
-            try:
-                role: Any = await connection.create_request(b"ROLE", decode=False)
-            finally:
-                connection.invalidate("role checked")
-            if role[0] != b"master":
-                raise ResponseError(f"READONLY {master} is not a master (failover under way)")
-            return master
-        raise failure
+        home, self._masters = await slot_master(
+            self._connect, [seed, *self._masters], self.home_slot
+        )
+        if home is None:
+            raise ResponseError(f"CLUSTERDOWN no master serves slot {self.home_slot}")
+        return home
 
     def _rehome(self, home: TCPLocation | None, why: str) -> None:
         """Point the lanes at ``home`` (None: find it again on the next operation)."""
-        if not self._routed or home == self._home:
+        if not self.routed or home == self._home:
             return
         log.info("Redis master of slot %d now at %s (%s)", self.home_slot, home or "?", why)
         self._home = home
@@ -306,11 +305,11 @@ class RedisLink:
             connection = self._lanes.get(lane)
             if connection is None or not connection.usable:
                 self._lanes.pop(lane, None)
-                connection = await self._open_connection()
+                connection = await self.open_connection()
                 self._lanes[lane] = connection
             return connection
 
-    async def _request(self, op: _Operation, command: bytes, *args: Any, lane: str = "main") -> Any:
+    async def request(self, op: Operation, command: bytes, *args: Any, lane: str = "main") -> Any:
         """Send one command on the shared connection; one retry if the connection turned out
         to be dead before anything was sent."""
         for attempt in (1, 2):
@@ -334,10 +333,10 @@ class RedisLink:
             return reply
         raise AssertionError("unreachable")
 
-    async def _guarded(
+    async def guarded(
         self,
         what: str,
-        operation: Callable[[_Operation], Awaitable[T]],
+        operation: Callable[[Operation], Awaitable[T]],
         *,
         timeout_s: float | None = None,
     ) -> T:
@@ -356,17 +355,21 @@ class RedisLink:
     async def _bounded(
         self,
         what: str,
-        operation: Callable[[_Operation], Awaitable[T]],
+        operation: Callable[[Operation], Awaitable[T]],
         timeout_s: float | None,
     ) -> T:
-        self._require_nursery()
-        op = _Operation()
+        self.require_nursery()
+        op = Operation()
         timeout_s = self.op_timeout_s if timeout_s is None else timeout_s
         scope = trio.move_on_after(timeout_s)
         try:
             with scope:
-                return await operation(op)
+                result = await operation(op)
+                self._answered_at = time.perf_counter()
+                return result
         except BaseException as exc:
+            if isinstance(exc, ResponseError):
+                self._answered_at = time.perf_counter()  # an error reply is an answer
             if isinstance(exc, CoordinationUnavailable) or not is_failure(exc):
                 raise
             if isinstance(exc, ResponseError) and (wrong := misuse(exc, what)) is not None:
@@ -379,105 +382,55 @@ class RedisLink:
                 if not isinstance(exc, ResponseError) or str(exc).startswith("READONLY"):
                     # The master may have failed over: ask the cluster/sentinels again.
                     self._rehome(None, f"{what} failed")
-                raise CoordinationUnavailable(
-                    f"Redis at {self.url} failed on {what}: {describe(exc)}{acl_hint(exc)}"
-                ) from exc
+                message = f"Redis at {self.url} failed on {what}: {describe(exc)}{acl_hint(exc)}"
+                # Slow, not down: a connect that timed out, or a connection dropped because
+                # another operation on it timed out (a refusal or a closed socket is down).
+                slow = caused_by_timeout(exc) or (
+                    op.waiting_on is not None and op.waiting_on in self._dropped_slow
+                )
+                if slow:
+                    raise CoordinationTimeout(message, silent_for_s=self._silent_for()) from exc
+                raise CoordinationUnavailable(message) from exc
             # Our deadline, reported by coredis as ConnectionError: a timeout after all.
-        if op.waiting_on is not None:
+        if op.waiting_on is not None and not _heard_from(op.waiting_on, timeout_s):
             # The connection may be stuck behind an unresponsive server (SIGSTOP, network
-            # black hole: no FIN ever comes); the next operation opens a fresh one.
+            # black hole: no FIN ever comes); the next operation opens a fresh one. One that
+            # still receives replies is only slow: the late reply is matched to its request
+            # (replies come in order), and dropping it would fail every other operation on it.
+            self._dropped_slow.add(op.waiting_on)
             op.waiting_on.invalidate(f"{what} timed out")
             self._rehome(None, f"{what} timed out")
-        raise CoordinationUnavailable(
-            f"Redis at {self.url} did not answer {what} within {timeout_s:g} s"
+        raise CoordinationTimeout(
+            f"Redis at {self.url} did not answer {what} within {timeout_s:g} s",
+            silent_for_s=self._silent_for(),
         )
 
-    async def _command(self, what: str, command: bytes, *args: Any) -> Any:
-        return await self._guarded(what, lambda op: self._request(op, command, *args))
+    def _silent_for(self) -> float | None:
+        """Seconds since Redis last answered any operation of this link (None: never)."""
+        answered = self._answered_at
+        return None if answered is None else time.perf_counter() - answered
 
-    async def _eval(
+    async def execute(self, what: str, command: bytes, *args: Any) -> Any:
+        """Run one command on the shared connection, bounded by ``op_timeout_s``; failures raise
+        ``CoordinationUnavailable``. Never send a blocking command here (it would hold up every
+        other operation): use ``dedicated.dedicated_connection``. Key arguments are Redis
+        names: pass them through ``redis_key`` first."""
+        return await self.guarded(what, lambda op: self.request(op, command, *args))
+
+    async def run_script(
         self, script: LuaScript, keys: Sequence[str], args: Sequence[Any], *, lane: str = "main"
     ) -> Any:
-        async def operation(op: _Operation) -> Any:
+        """EVALSHA ``script`` (EVAL when the server forgot it), bounded like ``execute``."""
+
+        async def operation(op: Operation) -> Any:
             try:
-                return await self._request(
+                return await self.request(
                     op, b"EVALSHA", script.sha, len(keys), *keys, *args, lane=lane
                 )
             except NoScriptError:
                 # A restarted server forgot its script cache; EVAL runs and caches it again.
-                return await self._request(
+                return await self.request(
                     op, b"EVAL", script.source, len(keys), *keys, *args, lane=lane
                 )
 
-        return await self._guarded(script.name, operation)
-
-    @asynccontextmanager
-    async def dedicated_connection(
-        self, client_name: str | None = None
-    ) -> AsyncIterator[DedicatedConnection]:
-        """A connection of its own for the block, for blocking commands (``XREAD BLOCK``).
-        Opening it is bounded by ``op_timeout_s``; ``client_name`` is set with CLIENT SETNAME
-        (spaces and control characters become ``_``) so operators can find it in CLIENT LIST."""
-        holder: list[BaseConnection] = []
-
-        async def open_it(op: _Operation) -> None:
-            connection = await self._open_connection()
-            holder.append(connection)
-            if client_name:
-                name = "".join(ch if 32 < ord(ch) < 127 else "_" for ch in client_name)
-                op.waiting_on = connection
-                await connection.create_request(b"CLIENT", b"SETNAME", name, decode=False)
-                op.waiting_on = None
-
-        try:
-            await self._guarded("open a dedicated connection", open_it)
-        except BaseException:
-            for connection in holder:
-                connection.invalidate("opening failed")
-            raise
-        dedicated = DedicatedConnection(self, holder[0])
-        try:
-            yield dedicated
-        finally:
-            dedicated.retire("dedicated connection closed")
-
-
-class DedicatedConnection:
-    """One connection used by one task at a time (see ``RedisCoordination.dedicated_connection``).
-    It is never reopened: after any failure, timeout or cancellation of a command it is retired
-    and every further command raises ``CoordinationUnavailable`` (open a new one)."""
-
-    def __init__(self, owner: RedisLink, connection: BaseConnection) -> None:
-        self._owner = owner
-        self._connection = connection
-        self.lost_reason: str | None = None
-
-    def retire(self, reason: str) -> None:
-        if self.lost_reason is None:
-            self.lost_reason = reason
-        self._connection.invalidate(reason)
-
-    async def execute(
-        self, what: str, command: bytes, *args: Any, timeout_s: float | None = None
-    ) -> Any:
-        """Run one command, bounded by ``timeout_s`` (default ``op_timeout_s``): give a blocking
-        command its BLOCK time plus a margin."""
-        if self.lost_reason is not None:
-            raise CoordinationUnavailable(
-                f"the dedicated Redis connection is gone ({self.lost_reason})"
-            )
-        connection = self._connection
-
-        async def operation(op: _Operation) -> Any:
-            op.waiting_on = connection
-            reply = await connection.create_request(command, *args, decode=False)
-            op.waiting_on = None
-            return reply
-
-        try:
-            return await self._owner._guarded(what, operation, timeout_s=timeout_s)
-        except BaseException as exc:
-            # A reply still owed (cancelled or timed-out command) would be read as the answer
-            # to the next command: this connection is done.
-            self.retire(f"{what} ended with {type(exc).__name__}")
-            raise
+        return await self.guarded(script.name, operation)

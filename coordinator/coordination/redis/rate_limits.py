@@ -1,0 +1,36 @@
+"""The ``RateLimits`` role on Redis: one script (``scripts.py`` RATE_LIMIT) per call, a
+sliding-window log in a sorted set scored by server TIME."""
+
+from __future__ import annotations
+
+import secrets
+
+from coordinator.coordination.base import RateDecision
+from coordinator.coordination.redis.connect.link import RedisLink
+from coordinator.coordination.redis.scripts import RATE_LIMIT
+
+__all__ = ["RedisRateLimits"]
+
+
+class RedisRateLimits:
+    """``RateLimits`` on the keys of one link's prefix."""
+
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+
+    async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit!r}")
+        if not period_s > 0:
+            raise ValueError(f"period_s must be positive, got {period_s!r}")
+        period_us = max(1, round(period_s * 1_000_000))
+        link = self._link
+        reply = await link.run_script(
+            RATE_LIMIT, [link.redis_key(key)], [limit, period_us, secrets.token_hex(6)]
+        )
+        allowed, retry_us, remaining = (int(part) for part in reply)
+        return RateDecision(
+            allowed=bool(allowed),
+            retry_after_s=retry_us / 1_000_000,
+            remaining=max(0, remaining),
+        )
