@@ -28,7 +28,7 @@ _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 # A heartbeat slower than this would leave a dead node's tasks hanging for minutes.
 MAX_HEARTBEAT_S = 60.0
 BUSES = ("pubsub", "streams")
-#: GEMMANET_REDIS_BUS_CLIENT: the client PUBLISH/SUBSCRIBE take (coordination/redis_lean.py)
+#: GEMMANET_REDIS_BUS_CLIENT: the client PUBLISH/SUBSCRIBE take (coordination/redis/lean/)
 REDIS_BUS_CLIENTS = ("lean", "coredis")
 
 

@@ -10,7 +10,7 @@ coredis. The publisher (``redis_lean_publisher``) and the subscription
 What stays identical to the coredis path, by construction rather than by copy: the URL is parsed
 by coredis's own pool (host, port or unix socket, db, ACL user, password, ``ssl_*`` parameters
 turned into an ``SSLContext``); error replies are classified by coredis's own parser table
-(``WRONGPASS``, ``NOPERM`` ... become the coredis exceptions the guard in ``redis_link`` maps to
+(``WRONGPASS``, ``NOPERM`` ... become the coredis exceptions the guard in ``redis/connect/link.py`` maps to
 ``CoordinationUnavailable`` with its hints; ``Parser.parse_error`` is private to coredis: adapt
 here if it changes); lost connections surface as coredis ``ConnectionError``. The connection speaks RESP2: no HELLO round trip, and pub/sub messages are
 plain arrays.
