@@ -32,6 +32,9 @@ from coordinator.store import Store
 
 log = logging.getLogger("gemmanet.app")
 
+#: how long a graceful stop may spend leaving the cluster (the registry, leases, queue entries)
+LEAVE_BOUND_S = 3.0
+
 
 async def run_instance(
     settings: Settings,
@@ -94,7 +97,9 @@ async def run_instance(
             if stop is None:
                 await trio.sleep_forever()
             await stop.wait()
-            with trio.move_on_after(settings.lock_ttl_s / 2):
+            # Leaving (at most 3 s) and the lock's release (RELEASE_BOUND_S, 2.5 s) fit in the
+            # 6 s that ``gemmanet serve`` gives a graceful stop.
+            with trio.move_on_after(min(settings.lock_ttl_s / 2, LEAVE_BOUND_S)):
                 await instance.leave()
             # Ends the lock holder too, whose ``finally`` deletes the lock.
             nursery.cancel_scope.cancel()

@@ -23,6 +23,9 @@ from coordinator.settings import Settings
 
 log = logging.getLogger("gemmanet.lock")
 
+#: how long a graceful stop may spend deleting the lock (one Redis round trip when all is well)
+RELEASE_BOUND_S = 2.5
+
 
 async def hold_single_instance_lock(
     coordination: KeyValue,
@@ -57,7 +60,9 @@ async def hold_single_instance_lock(
                 log.warning("could not refresh the single-instance lock: %s", exc)
     finally:
         # Shielded from the cancellation that stops us, but bounded: the deadline sits inside.
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
+        # RELEASE_BOUND_S plus app.py's bound on leaving stays inside serve's 6 s stop deadline;
+        # 1 s was too tight on a loaded machine (the lock stayed until its TTL).
+        with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_BOUND_S):
             try:
                 await coordination.compare_and_set(key, value, None)
             except CoordinationUnavailable:
