@@ -3,7 +3,13 @@
 Writing each finished task in its own transaction, in a worker thread, before answering cost a
 request about 1.5 ms of coordinator CPU and a third of the throughput (tools/bench/throughput).
 The recorder instead collects records and writes them every ``interval_s`` in one transaction.
-A rating that arrives before its task's batch is written waits for it (``Instance.rate_task``)."""
+A rating that arrives before its task's batch is written waits for it (``Instance.rate_task``).
+
+Why 0.5 s between batches, not less: each batch costs a thread hop, a connection checkout and a
+transaction, a few ms of CPU whatever its size. At 50 ms that was 20 batches a second, about
+0.3-0.5 ms of CPU per request at 150 requests/s (docs/bench-request-cost.md); at 0.5 s it is
+two. The price: a task shows in ``GET /api/v1/usage`` up to half a second later, and a killed
+instance loses at most that half second of records (a graceful stop writes them all)."""
 
 from __future__ import annotations
 
@@ -18,10 +24,12 @@ log = logging.getLogger("gemmanet.recorder")
 # Beyond this many unwritten records (the database is down), new ones are dropped and counted.
 MAX_PENDING = 100_000
 MAX_BATCH = 1000
+#: seconds between batches (see above)
+RECORD_INTERVAL_S = 0.5
 
 
 class TaskRecorder:
-    def __init__(self, store: Store, *, interval_s: float = 0.05) -> None:
+    def __init__(self, store: Store, *, interval_s: float = RECORD_INTERVAL_S) -> None:
         self._store = store
         self._interval_s = interval_s
         self._pending: dict[str, TaskRecord] = {}
