@@ -42,6 +42,7 @@ from coordinator.api.task_runs import (
     stream_events,
 )
 from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
+from coordinator.core.cluster_view import public_status
 from coordinator.runtime import instance_status
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.log_context import bind_log_ids, request_id_var
@@ -176,9 +177,10 @@ def register_routes(app: Quart) -> None:
     @document_response(StatusResponse)
     @_errors()
     async def status() -> Response:
-        """Nodes, instances and tasks in flight across all live instances."""
+        """Nodes, instances, tasks in flight and queued across all live instances (no model
+        names: this route needs no key)."""
         counts = await instance_status.cluster_status(instance())
-        return json_response(msgspec.convert({**counts, "version": __version__}, StatusResponse))
+        return json_response(msgspec.convert(public_status(counts, __version__), StatusResponse))
 
     @app.get("/api/v1/nodes")
     @security_scheme(_BEARER)

@@ -129,9 +129,10 @@ class Diagnostics(_Response):
     forwarded_in_flight: int
     liveness_lost: int
     bus_losses: int
-    # Requests of this instance waiting in the admission queue, per model; capacity leases
-    # that had expired when this instance came to renew them.
-    local_queued: dict[str, int]
+    # Requests of this instance waiting in the admission queue (all models: the route needs no
+    # key, so it names no model); capacity leases that had expired when this instance came to
+    # renew them.
+    local_queue_depth: int
     lost_leases: int
 
 
@@ -141,9 +142,10 @@ class StatusResponse(_Response):
     in_flight: int
     version: str
     instance_id: str
-    # Requests waiting for capacity in the shared admission queue, per model served now
-    # (all instances; None when the coordination store cannot be read).
-    queued: dict[str, int] | None
+    # Requests waiting for capacity in the shared admission queue, all instances and models
+    # (None when the coordination store cannot be read). Per model only in /api/v1/cluster, to
+    # an operator key: the model names are the operator's business.
+    queue_depth: int | None
     diagnostics: Diagnostics
 
 

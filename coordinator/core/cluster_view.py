@@ -29,6 +29,22 @@ def status(
     }
 
 
+def public_status(status: dict[str, object], version: str) -> dict[str, object]:
+    """``status`` as ``GET /api/v1/status`` shows it to anyone: the queues summed over models,
+    so that a route without a key names no model."""
+    public = {key: value for key, value in status.items() if key not in ("queued", "diagnostics")}
+    queued = status["queued"]
+    public["queue_depth"] = sum(queued.values()) if isinstance(queued, dict) else None
+    diagnostics = status["diagnostics"]
+    assert isinstance(diagnostics, dict)
+    local = diagnostics["local_queued"]
+    public["diagnostics"] = {
+        **{key: value for key, value in diagnostics.items() if key != "local_queued"},
+        "local_queue_depth": sum(local.values()),
+    }
+    return {**public, "version": version}
+
+
 def diagnostics(
     machine: InstanceMachine,
     *,

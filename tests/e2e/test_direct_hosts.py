@@ -129,8 +129,14 @@ def test_any_instance_serves_a_request_on_the_host_itself_plain_and_streamed(
     assert received[-1]["body"]["options"] == {"num_predict": 2, "seed": 3}
     assert all(r["refused"] is None for r in received), received
 
-    # The host's model counts among the served ones (queue depths per model).
-    assert a.status()["queued"] == {"llama3": 0}
+    # The host's model counts among the served ones (queue depths per model, operators only),
+    # and the public status names no model.
+    operator = procs.create_key("direct-ops", admin=True)
+    view = a.http.get("/api/v1/cluster", headers={"Authorization": f"Bearer {operator}"})
+    assert view.json()["queued"] == {"llama3": 0}, view.text
+    public = a.status()
+    assert public["queue_depth"] == 0 and "queued" not in public, public
+    assert "llama3" not in json.dumps(public), public
     # The host itself answered all three, and nobody holds a lease any more.
     assert host.stats()["completed"] == 3, host.stats()
     wait_until(lambda: host_info(a)["leases"] == 0, "the host's leases given back")
