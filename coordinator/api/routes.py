@@ -41,8 +41,8 @@ from coordinator.api.task_runs import (
     run_whole,
     stream_events,
 )
-from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
 from coordinator.core.cluster_view import public_status
+from coordinator.errors import GemmaNetError, InvalidFields, MalformedJson, Unauthorized
 from coordinator.runtime import instance_status
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.log_context import bind_log_ids, request_id_var
