@@ -121,11 +121,17 @@ class KeyValue(Protocol):
 class RateLimits(Protocol):
     """The exact shared rate limit."""
 
-    async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
+    async def rate_limit(
+        self, key: str, *, limit: int, period_s: float, token: str | None = None
+    ) -> RateDecision:
         """Exact shared rate limit (sliding-window log): a call is allowed only if fewer than
         ``limit`` calls were allowed for ``key`` in the last ``period_s`` seconds, so no window of
         ``period_s`` ever holds more than ``limit`` allowed calls. Decided atomically against one
-        clock (Redis: server TIME). Refused calls are not recorded."""
+        clock (Redis: server TIME). Refused calls are not recorded.
+
+        ``token`` names the caller's one request: a call whose token was already allowed within
+        the window is allowed again and not counted twice, so asking again after a timeout (the
+        first call may have been counted, its answer lost) costs the key nothing."""
 
 
 @runtime_checkable

@@ -282,6 +282,29 @@ async def test_rate_limit_refused_calls_are_not_counted(backend: Backend) -> Non
     assert (await c.rate_limit("r", limit=1, period_s=0.3)).allowed
 
 
+async def test_rate_limit_counts_a_token_once(backend: Backend) -> None:
+    """A request asks again after a timeout with the same token: if its first ask was counted
+    (the answer was lost), the second is allowed and not counted again."""
+    c = backend.coord.rate_limits
+    period = 0.5
+    first = await c.rate_limit("tok", limit=2, period_s=period, token="req-1")
+    assert (first.allowed, first.remaining) == (True, 1)
+    for _ in range(3):
+        again = await c.rate_limit("tok", limit=2, period_s=period, token="req-1")
+        assert (again.allowed, again.remaining) == (True, 1)
+    # The key has one call counted, not four: one more request fits, then the key is full.
+    assert (await c.rate_limit("tok", limit=2, period_s=period, token="req-2")).allowed
+    assert not (await c.rate_limit("tok", limit=2, period_s=period, token="req-3")).allowed
+    # Full, yet a counted request asking again is still allowed (it was counted).
+    assert (await c.rate_limit("tok", limit=2, period_s=period, token="req-1")).allowed
+    # Calls without a token each count.
+    assert not (await c.rate_limit("tok", limit=2, period_s=period)).allowed
+    # Once its call left the window, the same token counts anew.
+    await backend.advance(period + SLACK)
+    assert (await c.rate_limit("tok", limit=2, period_s=period, token="req-1")).remaining == 1
+    assert (await c.rate_limit("tok", limit=2, period_s=period, token="req-4")).remaining == 0
+
+
 async def test_rate_limit_is_exact_under_concurrency(backend: Backend) -> None:
     c = backend.coord
     results: list[bool] = []

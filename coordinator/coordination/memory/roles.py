@@ -96,8 +96,12 @@ class MemoryRateLimits:
     def __init__(self, link: MemoryLink) -> None:
         self._link = link
 
-    async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
-        return (await self._link.enter()).rate_limit(key, limit=limit, period_s=period_s)
+    async def rate_limit(
+        self, key: str, *, limit: int, period_s: float, token: str | None = None
+    ) -> RateDecision:
+        return (await self._link.enter()).rate_limit(
+            key, limit=limit, period_s=period_s, token=token
+        )
 
 
 class MemoryPresence:

@@ -49,6 +49,8 @@ class MemoryState:
         self._expiry_heap: list[tuple[float, str]] = []
         self._rate_logs: dict[str, deque[float]] = {}
         self._rate_periods: dict[str, float] = {}
+        # per key: the tokens of allowed calls -> when they were counted
+        self._rate_tokens: dict[str, dict[str, float]] = {}
         self._rate_heap: list[tuple[float, str]] = []
         self._channels: dict[str, _Channel] = {}
         self._next_sink_id = 0
@@ -83,6 +85,7 @@ class MemoryState:
             if log is not None and (not log or log[-1] + self._rate_periods[key] <= now):
                 del self._rate_logs[key]
                 del self._rate_periods[key]
+                self._rate_tokens.pop(key, None)
         return now
 
     def _store(self, key: str, value: bytes, ttl_s: float | None, now: float) -> None:
@@ -180,7 +183,9 @@ class MemoryState:
         deadline = self._deadlines.get(key)
         return None if deadline is None else deadline - now
 
-    def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
+    def rate_limit(
+        self, key: str, *, limit: int, period_s: float, token: str | None = None
+    ) -> RateDecision:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit!r}")
         if not period_s > 0:
@@ -194,9 +199,20 @@ class MemoryState:
         horizon = now - period_s
         while log and log[0] <= horizon:
             log.popleft()
+        tokens = self._rate_tokens.setdefault(key, {})
+        if token is not None:
+            counted_at = tokens.get(token)
+            if counted_at is not None and counted_at > horizon:  # asked again: counted once
+                return RateDecision(allowed=True, retry_after_s=0.0, remaining=limit - len(log))
         if len(log) < limit:
             log.append(now)
             heapq.heappush(self._rate_heap, (now + period_s, key))
+            if token is not None:
+                if len(tokens) >= 2 * limit:  # bounded: only the window's tokens can matter
+                    self._rate_tokens[key] = tokens = {
+                        t: at for t, at in tokens.items() if at > horizon
+                    }
+                tokens[token] = now
             return RateDecision(allowed=True, retry_after_s=0.0, remaining=limit - len(log))
         if not log:  # pragma: no cover - limit >= 1 makes this unreachable
             return RateDecision(allowed=False, retry_after_s=period_s, remaining=0)

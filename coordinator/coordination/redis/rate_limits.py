@@ -18,16 +18,19 @@ class RedisRateLimits:
     def __init__(self, link: RedisLink) -> None:
         self._link = link
 
-    async def rate_limit(self, key: str, *, limit: int, period_s: float) -> RateDecision:
+    async def rate_limit(
+        self, key: str, *, limit: int, period_s: float, token: str | None = None
+    ) -> RateDecision:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit!r}")
         if not period_s > 0:
             raise ValueError(f"period_s must be positive, got {period_s!r}")
         period_us = max(1, round(period_s * 1_000_000))
         link = self._link
-        reply = await link.run_script(
-            RATE_LIMIT, [link.redis_key(key)], [limit, period_us, secrets.token_hex(6)]
-        )
+        # The member is the call's token: a token already in the window is allowed again,
+        # not counted twice. Without one, a random member (128 bits) counts each call.
+        member = f"t:{token}" if token is not None else secrets.token_hex(16)
+        reply = await link.run_script(RATE_LIMIT, [link.redis_key(key)], [limit, period_us, member])
         allowed, retry_us, remaining = (int(part) for part in reply)
         return RateDecision(
             allowed=bool(allowed),

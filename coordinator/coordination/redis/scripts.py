@@ -141,9 +141,11 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - period))
 local count = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+  return {1, 0, math.max(limit - count, 0)}
+end
 if count < limit then
-  redis.call('ZADD', KEYS[1], string.format('%.0f', now),
-             time[1] .. '.' .. time[2] .. ':' .. ARGV[3])
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[3])
   redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000))
   return {1, 0, limit - count - 1}
 end

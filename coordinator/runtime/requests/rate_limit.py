@@ -40,15 +40,17 @@ async def check_rate_limit(
     connection, or timed out and has answered nothing for ``store_outage_s``, or the checks
     took ``budget_s`` (a timeout before that is made again)."""
     limit, period = rate
-    salt = secrets.token_hex(4)
+    salt = secrets.token_hex(8)  # this request's token, and the seed of its backoff jitter
     first_at = trio.current_time()
     silent_since: float | None = None
     timeouts = 0
     while True:
         asked_at = trio.current_time()
         try:
+            # One token for every ask of this request: a timed-out ask that was counted after
+            # all is not counted again by the next one.
             decision = await coordination.rate_limit(
-                rate_limit_key(key_id), limit=limit, period_s=period
+                rate_limit_key(key_id), limit=limit, period_s=period, token=salt
             )
             break
         except CoordinationTimeout as exc:
