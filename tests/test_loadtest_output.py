@@ -1,11 +1,13 @@
 """What `gemmanet loadtest` shows (issue 12 item 8), without running the load: its progress line,
-its closing line, and no library chatter."""
+its closing line, the CPU peak as a share of the seed's bound beside the machine's speed, our CPU
+aim (reported, not a criterion), and no library chatter."""
 
 from __future__ import annotations
 
 import logging
 
 from tools.loadtest import profile as prof
+from tools.loadtest import speed, verdicts
 from tools.loadtest.load import Load, Rec
 from tools.loadtest.progress import progress_line, quiet_libraries
 from tools.loadtest.runner import closing_line
@@ -64,3 +66,42 @@ async def test_progress_runs_until_cancelled_then_prints_the_phase_totals(
     assert err.rstrip().endswith(
         "3 instance(s) | done |     0 s | 1 requests, 0 in flight | 1 errors"
     )
+
+
+def _phase(instances: int, peaks: dict[str, float], healthz_cpu_ms: float) -> dict:  # type: ignore[type-arg]
+    phase = {
+        "instances": instances,
+        "coordinators": list(peaks),
+        "resources_steady": {n: {"cpu_max_5s_pct": v} for n, v in peaks.items()},
+        "machine_speed": {"instance": "I0", "healthz_cpu_ms": healthz_cpu_ms, "rate_per_s": 600.0},
+    }
+    phase["cpu_peak"] = speed.cpu_peak(phase)
+    return phase
+
+
+def test_the_cpu_peak_is_shown_as_a_share_of_the_bound_beside_the_machines_speed() -> None:
+    phase = _phase(2, {"I0": 30.0, "I1": 41.0}, 0.81)
+    assert phase["cpu_peak"] == {
+        "instance": "I1", "pct": 41.0, "bound_pct": 70.0, "share_of_bound": 41.0 / 70.0
+    }  # fmt: skip
+    assert speed.phase_line(phase) == (
+        "CPU peak 41.0 % = 0.59 x the 70 % bound; machine speed 0.81 ms CPU per /healthz "
+        "(peak on I1; /healthz on I0, 600 req/s, before the load)"
+    )
+    # Not measured (no samples, no answers): said so, not a crash.
+    assert speed.peak_and_speed(speed.cpu_peak(_phase(1, {}, 0.5)), {}) == (
+        "CPU peak n/a % = n/a x the 70 % bound; machine speed n/a ms CPU per /healthz"
+    )
+
+
+def test_the_single_instance_cpu_aim_is_its_own_entry_and_not_a_criterion() -> None:
+    phases = [_phase(1, {"I0": 43.0}, 0.9), _phase(2, {"I0": 20.0, "I1": 20.0}, 0.8)]
+    (aim,) = verdicts.aims(phases)
+    assert aim["id"] == "cpu_peak_single_instance" and aim["source"] == "ours, aim"
+    assert aim["threshold"] == "<= 0.6 x 70% = 42%"
+    # The single-instance phase is the one judged (43% > 42%), beside its machine's speed.
+    assert aim["met"] is False
+    assert aim["measured"]["cpu_peak_pct"] == 43.0
+    assert aim["measured"]["machine_speed_healthz_cpu_ms"] == 0.9
+    assert verdicts.aims([_phase(1, {"I0": 42.0}, 0.9)])[0]["met"] is True
+    assert verdicts.aims(phases[1:])[0]["met"] is None  # no single-instance phase ran

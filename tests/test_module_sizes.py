@@ -14,11 +14,7 @@ PACKAGES = ("coordinator", "protocol", "sim", "tools")
 LIMIT = 450
 
 #: module -> the most lines it may have until it is split
-TO_SPLIT: dict[str, int] = {
-    # grew with the request-cost benchmarks (per-process CPU, --redis, --stream, --py-spy)
-    "tools/bench/cross_instance.py": 692,
-    "tools/bench/throughput.py": 629,
-}
+TO_SPLIT: dict[str, int] = {}
 
 
 def _sizes() -> dict[str, int]:

@@ -75,6 +75,25 @@ def test_loadtest_smoke_writes_a_complete_truthful_report(tmp_path: Path) -> Non
     assert sum(sum(p["totals"]["lost"].values()) for p in report["phases"]) == 0
     assert by_id["zero_lost_tasks"]["pass"] is True
 
+    # Beside the CPU peak, the machine's speed; the peak as a share of the seed's bound; our
+    # aim for the single-instance peak on a line of its own (fields and lines, not values: at
+    # smoke scale on a shared machine the values say nothing).
+    for phase in report["phases"]:
+        assert set(phase["machine_speed"]) >= {"instance", "healthz_cpu_ms", "requests"}, phase
+        assert set(phase["cpu_peak"]) == {"instance", "pct", "bound_pct", "share_of_bound"}
+    assert [a["id"] for a in report["aims"]] == ["cpu_peak_single_instance"]
+    aim = report["aims"][0]
+    assert set(aim["measured"]) == {
+        "cpu_peak_pct", "share_of_bound", "bound_pct", "machine_speed_healthz_cpu_ms"
+    }  # fmt: skip
+    assert aim["met"] in (True, False, None) and aim["threshold"]
+    printed = [
+        line for line in done.stdout.splitlines() if "x the 70 % bound; machine speed" in line
+    ]
+    assert len(printed) == 4, done.stdout  # a line under each phase's row, and the aim's
+    assert "ms CPU per /healthz" in printed[-1] and "cpu_peak_single_instance" in printed[-1]
+    assert "machine speed: " in done.stderr
+
     # The plots exist and are PNGs.
     assert report["plots"] == ["latency.png", "cpu.png", "rss.png"]
     for name in report["plots"]:

@@ -31,6 +31,11 @@ scale.py           the cost of a cluster as its number of nodes grows
 scale_fleet.py     thousands of light nodes in one process, for scale.py
 channels_probe.py  Django Channels' Redis pub/sub layer doing the same round trip (the peer)
 _harness.py        what the benchmarks share: their processes and a private redis-server
+_closed_loop.py    closed-loop rounds and the CPU of each process over a round (throughput,
+                   cross_instance's CPU rounds)
+_throughput_report.py  throughput's figures, ratios and printed report
+_cross_latency.py  cross_instance's open loop: the hop's latency beside the raw round trips
+_cross_cpu.py      cross_instance's CPU rounds: A+B CPU per remote request against a local one
 _probes.py         raw round trips timed for scale beside the hop
 _profile.py        sampling profiles of running coordinators with py-spy, split by category
 """

@@ -14,7 +14,10 @@ and PNG plots into ``--out``; exits 0 only when every criterion holds.
 * ``nodes`` - the helper process hosting many node agents (``python -m tools.loadtest.nodes``).
 * ``load`` - the load generator of one phase (trio + httpx).
 * ``sampler`` - CPU and RSS of every process from /proc, once a second.
-* ``analysis`` - the figures of a phase; ``verdicts`` - the criteria over all phases.
+* ``analysis`` - the figures of a phase; ``verdicts`` - the criteria over all phases (and our
+  aims, reported beside them without a say in the exit code).
+* ``speed`` - the machine's speed (coordinator CPU per ``GET /healthz``, measured before each
+  phase's load) and each phase's CPU peak as a share of the seed's bound.
 * ``plots`` - the PNGs (matplotlib, imported lazily).
 * ``runner`` - processes of each phase (through ``tools.bench._harness``), report, summary.
 
@@ -26,6 +29,7 @@ journal.py   reading the node helpers' journals, incrementally
 sampler.py   CPU and RSS of named processes, sampled from /proc by a background thread
 analysis.py  the figures of one phase
 verdicts.py  the pass/fail criteria over all phases, each with its threshold and measure
+speed.py     the machine's speed before the load, and the CPU peak against the seed's bound
 plots.py     PNG plots of a report (matplotlib, imported only when plotting)
 progress.py  what the load test shows while it runs
 __main__.py  ``python -m tools.loadtest``

@@ -23,6 +23,10 @@ LOAD_ACHIEVED_MIN = 0.95
 # CPU is judged on averages over this many one-second samples: "stays below" should not trip
 # on a single garbage-collection second, but a sustained excursion must count.
 CPU_WINDOW_SAMPLES = 5
+# Ours, an aim and not a criterion (the exit code does not depend on it): the single-instance
+# CPU peak at most this share of CPU_LIMIT_PCT, which leaves the seed's bound headroom for a
+# slower or busier machine than the one of the run.
+CPU_AIM_SHARE = 0.6
 
 MODEL = "loadtest-echo"
 
@@ -55,6 +59,8 @@ class Profile:
     task_timeout_s: float = 30.0
     #: processes hosting the node agents (0: one per 100 nodes)
     node_procs: int = 0
+    #: seconds of closed-loop GET /healthz before each phase's load, the machine's speed
+    speed_s: float = 5.0
 
     @property
     def chunk_delay_ms(self) -> int:
@@ -93,6 +99,7 @@ QUICK = Profile(
     streams=25,
     fault_s=15.0,
     clients=50,
+    speed_s=3.0,
 )
 # Tiny: every mechanism once (ramp, steady, streams, the kill), in about a minute.
 SMOKE = Profile(
@@ -109,6 +116,7 @@ SMOKE = Profile(
     fault_s=4.0,
     clients=4,
     task_timeout_s=10.0,
+    speed_s=1.0,
 )
 
 

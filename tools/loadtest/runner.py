@@ -26,7 +26,7 @@ from tools.bench._harness import (
     now_text,
     wait_until,
 )
-from tools.loadtest import analysis, plots, verdicts
+from tools.loadtest import analysis, plots, speed, verdicts
 from tools.loadtest import profile as prof
 from tools.loadtest.journal import JournalReader
 from tools.loadtest.load import Load
@@ -148,6 +148,13 @@ def _phase(
             f"{instances} instances to see each other",
         )
     urls = [coords[name].url for name in names]
+    # Before the node helpers start: the quietest moment of the phase (see speed.py).
+    first = coords[names[0]]
+    machine_speed = speed.measure(first.url, first.proc.popen.pid, names[0], profile.speed_s)
+    say(
+        f"machine speed: {machine_speed['healthz_cpu_ms']:.2f} ms coordinator CPU per /healthz "
+        f"({machine_speed['requests']} in {machine_speed['seconds']:.1f} s on {names[0]})"
+    )
 
     # Node i starts on instance i % instances; the helpers take every h-th node.
     helpers: list[Proc] = []
@@ -239,8 +246,12 @@ def _phase(
         "log_lines_with_warning": harness.logs_with("WARNING"),
         "logs": str(log_dir),
         "nodes_per_instance_at_start": expected,
+        "machine_speed": machine_speed,
     }
-    return analysis.phase_report(profile, instances, load, reader, sampler, names, extra)
+    report = analysis.phase_report(profile, instances, load, reader, sampler, names, extra)
+    report["cpu_peak"] = speed.cpu_peak(report)
+    report["series"] = report.pop("series")  # the long series stay last in report.json
+    return report
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -289,6 +300,8 @@ def print_summary(report: dict[str, Any]) -> None:
             f"{_fmt(lat['p99_ms']):>9}{_fmt(None if share is None else 100 * share, '.0f'):>7}%"
             f"  {res}"
         )
+        if "cpu_peak" in ph:
+            print(f"  {'':<12}{speed.phase_line(ph)}")
         if t["errors"] or t["lost"]:
             print(f"  {'':<12}errors {t['errors'] or '-'}  lost {t['lost'] or '-'}")
         kill = ph.get("kill") or {}
@@ -317,6 +330,16 @@ def print_summary(report: dict[str, Any]) -> None:
         if len(measured) > 160:
             measured = measured[:157] + "..."
         print(f"  {verdict}  {c['id']:<24} {c['threshold']:<22} {measured}  [{c['source']}]")
+    print()
+    print("  aims (ours; reported beside the criteria, the exit code does not depend on them):")
+    for aim in report.get("aims", []):
+        verdict = {True: "MET ", False: "MISS", None: "n/a "}[aim["met"]]
+        m = aim["measured"]
+        figures = speed.peak_and_speed(
+            {"pct": m["cpu_peak_pct"], "share_of_bound": m["share_of_bound"]},
+            {"healthz_cpu_ms": m["machine_speed_healthz_cpu_ms"]},
+        )
+        print(f"  {verdict}  {aim['id']:<24} {aim['threshold']:<22} {figures}  [{aim['source']}]")
     print()
     print(closing_line(report))
 
@@ -372,6 +395,7 @@ def run(args: argparse.Namespace) -> int:
     }
     report["criteria"] = verdicts.criteria(profile, phases)
     report["passed"] = all(c["pass"] for c in report["criteria"])
+    report["aims"] = verdicts.aims(phases)
     try:
         report["plots"] = [p.name for p in plots.write_plots(report, out)]
     except ImportError as exc:
