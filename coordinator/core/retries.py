@@ -12,6 +12,7 @@ __all__ = [
     "RELEASE_MAX_RETRY_S",
     "STORE_RETRY_FIRST_S",
     "STORE_RETRY_MAX_S",
+    "TimeoutRetries",
     "release_retry_in",
     "store_retry_in",
 ]
@@ -45,3 +46,36 @@ def store_retry_in(failures: int, now: float, give_up_at: float, salt: str) -> f
     step = min(STORE_RETRY_FIRST_S * 2.0 ** (failures - 1), STORE_RETRY_MAX_S)
     spread = zlib.crc32(f"{salt}:{failures}".encode()) / 2**32
     return step * (0.5 + 0.5 * spread)
+
+
+class TimeoutRetries:
+    """One call that the store keeps not answering in time (the rate limit of a request, the
+    bus send of an assign): after each timeout, how long to wait before making it again, or
+    None to give up. It gives up once the store has answered nothing for ``store_outage_s``
+    (counted from this call's first unanswered try at the earliest, and from the store's last
+    answer to anyone when that is later: a store that answers others is slow, not gone) or at
+    ``deadline``, whichever comes first. Pure: callers pass the times."""
+
+    def __init__(self, *, store_outage_s: float, deadline: float, salt: str) -> None:
+        self._store_outage_s = store_outage_s
+        self._deadline = deadline
+        self._salt = salt
+        self._silent_since: float | None = None
+        self.timeouts = 0
+        #: the store's silence when the last retry was refused (for the message)
+        self.silent_s = 0.0
+
+    def after_timeout(
+        self, asked_at: float, now: float, silent_for_s: float | None
+    ) -> float | None:
+        """The call made at ``asked_at`` timed out; ``silent_for_s``: how long the store had
+        answered nobody (None: not known)."""
+        self.timeouts += 1
+        if self._silent_since is None:
+            self._silent_since = asked_at
+        since = self._silent_since
+        if silent_for_s is not None:
+            since = max(since, now - silent_for_s)
+        self.silent_s = now - since
+        give_up_at = min(since + self._store_outage_s, self._deadline)
+        return store_retry_in(self.timeouts, now, give_up_at, self._salt)

@@ -58,11 +58,11 @@ from coordinator.core.effects import (
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.errors import (
-    CoordinationDown,
     StartupRefused,
 )
 from coordinator.hosts.facts_reader import HostFactsReader, direct_hosts
 from coordinator.hosts.host_calls import HostCalls
+from coordinator.runtime.cluster.assign_sender import dispatch
 from coordinator.runtime.cluster.bus_outbox import BusOutbox
 from coordinator.runtime.cluster.bus_reader import read_inbox
 from coordinator.runtime.cluster.membership import Membership
@@ -89,7 +89,6 @@ from protocol import (
     Hello,
     ProtocolError,
     decode_bus,
-    encode,
 )
 
 log = logging.getLogger("gemmanet.instance")
@@ -306,23 +305,9 @@ class Instance:
 
     async def _dispatch(self, effect: Dispatch) -> list[Effect]:
         """Hand an assign to its owner; the machine hears whether anybody received it."""
-        task_id, placement = effect.envelope.task_id, effect.placement
-        try:
-            reached = await self.bus.send(effect.target, encode(effect.envelope))
-            self.metrics.bus_sent.inc()
-        except CoordinationUnavailable as exc:
-            log.warning("task %s: cannot reach the instance bus: %s", task_id, exc)
-            error = CoordinationDown(
-                "the instance that owns the chosen node cannot be reached for the moment; "
-                "retry after the Retry-After delay"
-            )
-            return self.machine.dispatch_failed(
-                task_id, placement, effect.target, error, self.clock()
-            )
-        if reached:
-            return self.machine.dispatched(task_id, placement, self.clock())
-        self.membership.forget_peer(effect.target)
-        return self.machine.unreached(task_id, placement, effect.target, self.clock())
+        return await dispatch(
+            effect, self.bus, self.machine, self.membership, self.metrics, self.settings, self.clock
+        )
 
     async def _dispatch_in_background(self, effect: Dispatch) -> None:
         await self.carry_out(await self._dispatch(effect))

@@ -238,6 +238,12 @@ class PlacementAttempts:
             return None
         return request
 
+    def awaits_dispatch(self, task_id: str, placement: int) -> bool:
+        """Whether the request still waits to hear that its ``placement``-th assign reached the
+        owner, with no word from the owner yet (the shell may then send it again)."""
+        request = self._dispatching(task_id, placement)
+        return request is not None and request.state is RequestState.DISPATCHING
+
     def dispatched(self, task_id: str, placement: int) -> list[Effect]:
         """The owner received the assign. If it was declared dead meanwhile, the 502 is due."""
         request = self._dispatching(task_id, placement)

@@ -5,5 +5,6 @@ ownership.py             which instance speaks for each node identity (owner rec
 supervision.py           the periodic duties: ticks and liveness verdicts, ownership, ratings
 bus_reader.py            reading this instance's inbox
 bus_outbox.py            envelopes waiting to go out on the instance bus, in ordered lanes
+assign_sender.py         an assign to its node's owner, sent again while the store is slow
 single_instance_lock.py  who may start: the lock, the mode check, one live process per id
 """

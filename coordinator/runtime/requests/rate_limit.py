@@ -16,7 +16,7 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable, RateLimits
 from coordinator.coordination.keys import rate_limit_key
-from coordinator.core.retries import store_retry_in
+from coordinator.core.retries import TimeoutRetries
 from coordinator.errors import (
     COORDINATION_DOWN_MESSAGE,
     CoordinationDown,
@@ -42,8 +42,7 @@ async def check_rate_limit(
     limit, period = rate
     salt = secrets.token_hex(8)  # this request's token, and the seed of its backoff jitter
     first_at = trio.current_time()
-    silent_since: float | None = None
-    timeouts = 0
+    retries = TimeoutRetries(store_outage_s=store_outage_s, deadline=first_at + budget_s, salt=salt)
     while True:
         asked_at = trio.current_time()
         try:
@@ -54,14 +53,8 @@ async def check_rate_limit(
             )
             break
         except CoordinationTimeout as exc:
-            silent_since = asked_at if silent_since is None else silent_since
-            timeouts += 1
             now = trio.current_time()
-            since = silent_since
-            if exc.silent_for_s is not None:  # it answered others since: slow, not gone
-                since = max(since, now - exc.silent_for_s)
-            give_up_at = min(since + store_outage_s, first_at + budget_s)
-            delay = store_retry_in(timeouts, now, give_up_at, salt)
+            delay = retries.after_timeout(asked_at, now, exc.silent_for_s)
             if delay is None:
                 log.warning("rate limit check failed for %.1f s: %s", now - first_at, exc)
                 raise CoordinationDown(COORDINATION_DOWN_MESSAGE) from None
