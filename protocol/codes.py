@@ -55,12 +55,20 @@ class TaskErrorCode(enum.StrEnum):
     # The model backend behind the node failed or timed out.
     BACKEND_ERROR = "backend_error"
     BACKEND_TIMEOUT = "backend_timeout"
+    # Extension: the node cannot reach its model backend, so the task never ran there (the
+    # node says so in its hello and heartbeats, ``backend_down``, and refuses tasks meanwhile).
+    BACKEND_UNAVAILABLE = "backend_unavailable"
     # The model's output grew past MAX_OUTPUT_BYTES, the most a result envelope can carry.
     OUTPUT_TOO_LARGE = "output_too_large"
 
 
-# Errors that mean "not now" rather than "this task is broken": the client gets 503 with
-# Retry-After (all_nodes_busy), not 502.
+# Errors that mean "not now" rather than "this task is broken": the task is placed on another
+# node, or the client gets 503 with Retry-After (all_nodes_busy), not 502.
 BUSY_CODES: frozenset[str] = frozenset(
-    {TaskErrorCode.NODE_BUSY, TaskErrorCode.NODE_DRAINING, TaskErrorCode.ALL_NODES_BUSY}
+    {
+        TaskErrorCode.NODE_BUSY,
+        TaskErrorCode.NODE_DRAINING,
+        TaskErrorCode.ALL_NODES_BUSY,
+        TaskErrorCode.BACKEND_UNAVAILABLE,
+    }
 )

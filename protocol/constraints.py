@@ -26,6 +26,8 @@ MAX_PARALLEL = 1024
 MAX_TOKEN_LENGTH = 512
 MAX_ERROR_CODE_LENGTH = 64
 MAX_AGENT_VERSION_LENGTH = 128
+# A node's one-line account of why its model backend cannot serve (``backend_down``).
+MAX_PROBLEM_LENGTH = 512
 # Task timeouts and heartbeat intervals beyond an hour are configuration mistakes; the bound
 # also keeps inf out of deadline arithmetic.
 MAX_TIMEOUT_S = 3600.0
@@ -56,6 +58,7 @@ HeartbeatIntervalS = Annotated[float, Meta(gt=0, le=MAX_HEARTBEAT_INTERVAL_S)]
 Token = Annotated[str, Meta(min_length=1, max_length=MAX_TOKEN_LENGTH)]
 ErrorCode = Annotated[str, Meta(min_length=1, max_length=MAX_ERROR_CODE_LENGTH)]
 AgentVersion = Annotated[str, Meta(max_length=MAX_AGENT_VERSION_LENGTH)]
+Problem = Annotated[str, Meta(min_length=1, max_length=MAX_PROBLEM_LENGTH)]
 
 _IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN)
 

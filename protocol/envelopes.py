@@ -36,6 +36,7 @@ from protocol.constraints import (
     ModelList,
     ModelName,
     ParallelSlots,
+    Problem,
     ResidentModels,
     TimeoutS,
     Token,
@@ -76,6 +77,9 @@ class Hello(_Envelope, tag="hello", frozen=True, kw_only=True):
         ]
         | msgspec.UnsetType
     ) = msgspec.UNSET
+    #: why the node's model backend cannot serve now, in one line (its URL, what failed);
+    #: see ``Heartbeat.backend_down``. A v1 field extension: absent, the backend answers.
+    backend_down: Problem | msgspec.UnsetType = msgspec.UNSET
 
     def speaks(self) -> frozenset[int]:
         """The versions the node speaks."""
@@ -90,7 +94,8 @@ class Hello(_Envelope, tag="hello", frozen=True, kw_only=True):
         return (
             f"Hello(v={self.v!r}, node_id={self.node_id!r}, token='***', models={self.models!r},"
             f" max_parallel={self.max_parallel!r}, vram_gb={self.vram_gb!r},"
-            f" agent_version={self.agent_version!r}, protocols={self.protocols!r})"
+            f" agent_version={self.agent_version!r}, protocols={self.protocols!r},"
+            f" backend_down={self.backend_down!r})"
         )
 
 
@@ -118,6 +123,12 @@ class Heartbeat(_Envelope, tag="heartbeat", frozen=True, kw_only=True):
     #: ours as often (an instance holding many nodes stretches the interval of the welcome:
     #: GEMMANET_HEARTBEAT_RATE). Absent unless set (old peers ignore it).
     interval_s: HeartbeatIntervalS | msgspec.UnsetType = msgspec.UNSET
+    #: node -> coordinator, optional: why the node's model backend cannot serve now, in one
+    #: line (which URL, what failed). Set, in the hello or a heartbeat, the node serves none of
+    #: its models and refuses tasks (``backend_unavailable``); each heartbeat says the state
+    #: anew, so one without it means the backend answers again. A v1 field extension: an old
+    #: coordinator ignores it, an old node never sets it (its backend counts as answering).
+    backend_down: Problem | msgspec.UnsetType = msgspec.UNSET
 
 
 class Assign(_Envelope, tag="assign", frozen=True, kw_only=True):

@@ -89,12 +89,19 @@ def host_infos(machine: InstanceMachine, now: float) -> dict[str, dict[str, obje
     return infos
 
 
+def _agent_host_state(backend_down: str | None) -> str | None:
+    """An agent node's ``host_state``: ``unreachable`` while its agent says its model backend
+    is down (its ``models`` are then empty), else None (it serves what its hello said)."""
+    return None if backend_down is None else "unreachable"
+
+
 def node_infos(
     machine: InstanceMachine, usage: dict[str, tuple[int, float]] | None, now: float | None = None
 ) -> list[dict[str, object]]:
     """Every online node, here or on a live peer, by node id (one entry per identity: the
     local connection wins while an identity moves between instances), with its lease usage
     (``usage``: node id -> (leases, memory in use in GB); None: the store could not be read).
+    An agent node whose backend is down lists no models, with ``host_state`` ``unreachable``.
     Given ``now``, the direct hosts too."""
     infos: dict[str, dict[str, object]] = {}
     for conn in machine.owner.nodes.connections():
@@ -107,6 +114,7 @@ def node_infos(
             "vram_gb": conn.vram_gb,
             "agent_version": conn.agent_version,
             "connected_at": conn.connected_at,
+            "host_state": _agent_host_state(conn.backend_down),
         }
     for snap in machine.peers():
         for entry in snap.nodes:
@@ -121,6 +129,7 @@ def node_infos(
                     "vram_gb": entry.vram_gb,
                     "agent_version": entry.agent_version,
                     "connected_at": entry.connected_at,
+                    "host_state": _agent_host_state(entry.backend_down),
                 },
             )
     if now is not None:

@@ -18,6 +18,8 @@ class NodeConnection:
 
     conn_id: str
     node_id: str
+    #: the models placement may use it for now: those of its hello, none while its backend
+    #: is down (changed through ``NodeTable.set_backend_down``)
     models: frozenset[str]
     max_parallel: int
     vram_gb: float | None
@@ -33,6 +35,15 @@ class NodeConnection:
     silent_after_s: float = 0.0
     #: the protocol version its welcome fixed: a v1 node gets a conversation as a transcript
     protocol: int = 1
+    #: why its agent says its model backend cannot serve (``Hello``/``Heartbeat.backend_down``),
+    #: None while it answers
+    backend_down: str | None = None
+    #: the models of its hello (what ``models`` is while the backend answers); default: models
+    advertised: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.advertised:
+            self.advertised = self.models
 
     @property
     def in_flight(self) -> int:
@@ -128,6 +139,27 @@ class NodeTable:
                 pool.remove(conn.conn_id)
                 if not pool:
                     del self._serving[model]
+
+    def set_backend_down(self, conn: NodeConnection, problem: str | None) -> bool:
+        """``conn``'s agent says its backend is down (``problem``) or answers (None): while it
+        is down the connection serves no model (placement passes it by). True when that
+        flipped (a new wording of the same state changes nothing else)."""
+        if (problem is None) == (conn.backend_down is None):
+            if problem is not None:
+                conn.backend_down = problem
+            return False
+        listed = self._by_conn.get(conn.conn_id) is conn and self._by_node.get(conn.node_id) is conn
+        if listed:
+            self._unlist(conn)
+        conn.backend_down = problem
+        conn.models = frozenset() if problem is not None else conn.advertised
+        if listed:
+            for model in conn.models:
+                self._serving.setdefault(model, Pool()).add(conn.conn_id, conn)
+        # What peers place on is in the stored snapshot, rewritten when the roster moves.
+        self.changes += 1
+        self.roster_changes += 1
+        return True
 
     def models(self) -> set[str]:
         """The models some connection here serves."""

@@ -9,6 +9,8 @@ stops work nobody waits for any more (a cancel, a dead requester, an expired tas
 
 from __future__ import annotations
 
+import msgspec
+
 from coordinator.core.effects import (
     CloseNode,
     Effect,
@@ -127,11 +129,16 @@ class Owner:
             return []  # a connection already dropped: what it says means nothing now
         conn.last_seen = now
         if isinstance(envelope, Heartbeat):
+            effects: list[Effect] = []
+            # Every heartbeat says whether the backend is down: one without it, it answers.
+            down = envelope.backend_down
+            if self.nodes.set_backend_down(conn, None if down is msgspec.UNSET else down):
+                effects.append(NodesChanged())  # its models are off (or back) for the peers
             resident = envelope.resident
-            if resident is None or frozenset(resident) == conn.resident:
-                return []
-            conn.resident = frozenset(resident)
-            return [NodeFactsChanged(conn.node_id, conn.conn_id)]
+            if resident is not None and frozenset(resident) != conn.resident:
+                conn.resident = frozenset(resident)
+                effects.append(NodeFactsChanged(conn.node_id, conn.conn_id))
+            return effects
         if not isinstance(envelope, Chunk | Result | Error):
             return []
         task_id = envelope.task_id
@@ -182,6 +189,10 @@ class Owner:
             ]
         if self.forwarding.known(envelope.task_id, envelope.conn_id):
             return []  # a replayed assign
+        if conn.backend_down is not None:
+            # Placed from a view older than the node's word: the requester places it elsewhere.
+            message = f"node {conn.node_id} cannot reach its model backend: {conn.backend_down}"
+            return [self._refuse(envelope, TaskErrorCode.BACKEND_UNAVAILABLE, message, now)]
         if conn.in_flight >= conn.max_parallel:
             message = f"node {conn.node_id} is at capacity"
             return [self._refuse(envelope, TaskErrorCode.ALL_NODES_BUSY, message, now)]
@@ -273,15 +284,19 @@ class Owner:
     def snapshot(self, in_flight: int) -> InstanceSnapshot:
         # Asked for every beat. While no connection came, went or changed its load
         # (``NodeTable.changes``) it is the very same object: an idle beat costs nothing per
-        # node. Otherwise a connection's entry is made again only when its load moved (the rest
-        # of it is fixed for the connection's life).
+        # node. Otherwise a connection's entry is made again only when its load or its
+        # backend's state moved (the rest of it is fixed for the connection's life).
         last = self._last_snapshot
         if last is not None and last[0] == self.nodes.changes and last[1].in_flight == in_flight:
             return last[1]
         entries: dict[str, NodeEntry] = {}
         for c in self.nodes.connections():
             entry = self._entries.get(c.conn_id)
-            if entry is None or entry.in_flight != c.in_flight:
+            if (
+                entry is None
+                or entry.in_flight != c.in_flight
+                or entry.backend_down != c.backend_down
+            ):
                 entry = NodeEntry(
                     node_id=c.node_id,
                     conn_id=c.conn_id,
@@ -291,6 +306,7 @@ class Owner:
                     vram_gb=c.vram_gb,
                     agent_version=c.agent_version,
                     connected_at=c.connected_at,
+                    backend_down=c.backend_down,
                 )
             entries[c.conn_id] = entry
         self._entries = entries

@@ -38,6 +38,9 @@ class NodeEntry(msgspec.Struct, frozen=True, kw_only=True):
     vram_gb: float | None = None
     agent_version: str = ""
     connected_at: float = 0.0
+    #: why its agent says its model backend is down (``models`` is then empty); None: it
+    #: answers (or a writer that predates this)
+    backend_down: str | None = None
 
 
 class InstanceSnapshot(msgspec.Struct, frozen=True, kw_only=True):

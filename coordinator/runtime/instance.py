@@ -33,6 +33,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import trio
 
 from coordinator.coordination import Coordination, CoordinationUnavailable
@@ -348,10 +349,14 @@ class Instance:
         max_parallel, vram_gb = self.settings.capacity.budgets(
             hello.node_id, hello.max_parallel, hello.vram_gb
         )
+        # A node whose backend is down at its hello serves nothing until a heartbeat says so.
+        down = None if hello.backend_down is msgspec.UNSET else hello.backend_down
         conn = NodeConnection(
             conn_id=self.new_id("c-"),
             node_id=hello.node_id,
-            models=frozenset(hello.models),
+            models=frozenset(hello.models) if down is None else frozenset(),
+            advertised=frozenset(hello.models),
+            backend_down=down,
             max_parallel=max_parallel,
             vram_gb=vram_gb,
             agent_version=hello.agent_version,

@@ -751,6 +751,9 @@ BASE_ARGS = [
         (["--max-parallel", "5000"], "--max-parallel"),
         (["--coordinator", "localhost:8000"], "--coordinator"),
         (["--backend-url", "nope"], "--backend-url"),
+        (["--backend-check-s", "0"], "--backend-check-s"),
+        (["--backend-check-s", "soon"], "--backend-check-s"),
+        (["--backend-check-s", "7200"], "--backend-check-s"),
     ],
 )
 def test_bad_flag_values_exit_2_with_one_line(

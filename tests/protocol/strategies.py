@@ -67,6 +67,7 @@ hellos = st.builds(
     agent_version=st.text(max_size=128),
     protocols=st.just(msgspec.UNSET)
     | st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=8),
+    backend_down=st.just(msgspec.UNSET) | st.text(min_size=1, max_size=60),
 )
 
 # --- v2: what a task carries and reports -------------------------------------------------------
@@ -112,7 +113,10 @@ welcomes = st.builds(
     heartbeat_interval_s=st.floats(min_value=0, max_value=3600, exclude_min=True),
 )
 heartbeats = st.builds(
-    Heartbeat, in_flight=counts, resident=st.none() | st.lists(model_names, max_size=4)
+    Heartbeat,
+    in_flight=counts,
+    resident=st.none() | st.lists(model_names, max_size=4),
+    backend_down=st.just(msgspec.UNSET) | st.text(min_size=1, max_size=60),
 )
 _v1_assigns = st.builds(
     Assign,
@@ -223,7 +227,7 @@ _FIELDS = [
     "conn_id", "heartbeat_interval_s", "in_flight", "task_id", "model", "prompt", "stream",
     "timeout_s", "seq", "delta", "output", "chunks", "code", "message", "reason", "reply_to",
     "failure", "new_instance", "messages", "options", "usage", "finish_reason", "timings",
-    "protocols",
+    "protocols", "backend_down",
 ]  # fmt: skip
 
 # Objects that look like envelopes (right version, a real tag, real field names) with arbitrary

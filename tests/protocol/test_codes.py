@@ -48,5 +48,8 @@ def test_error_codes_travel_as_plain_strings() -> None:
 
 
 def test_busy_codes_are_the_ones_that_mean_not_now() -> None:
-    assert BUSY_CODES == {"node_busy", "node_draining", "all_nodes_busy"}
+    # backend_unavailable: the node could not reach its model backend, so the task never ran
+    # there; like a full node, it is placed elsewhere or answered 503, not 502.
+    assert BUSY_CODES == {"node_busy", "node_draining", "all_nodes_busy", "backend_unavailable"}
+    assert TaskErrorCode.BACKEND_ERROR not in BUSY_CODES
     assert TaskErrorCode.NODE_DISCONNECTED not in BUSY_CODES

@@ -13,6 +13,8 @@ config.py      ``AgentConfig``, the exits that end the agent, the reconnect back
 settings.py    validated settings of one agent, parsed from command-line strings
 task_run.py    one task against the backend: its refusal, chunks, result or error
 backends.py    the model backends (echo, Ollama, OpenAI-compatible), one small class each
+health.py      whether the backend answers: checked before the hello, then periodically;
+               while it does not, the node serves none of its models
 silence.py     waiting for the coordinator's next message; deciding it has gone silent
 stats.py       what the agent saw, counted at the node
 logs.py        its log set-up when it runs alone

@@ -2,10 +2,14 @@
 
 Lifetimes nest like this::
 
-    NodeAgent.run                  reconnect loop (exponential backoff, full jitter)
+    NodeAgent.run                  the backend checked once, then the reconnect loop
+                                   (exponential backoff, full jitter) beside:
+      BackendHealth.watch          the backend's checks (health.py), for the agent's life
       one connection               hello -> welcome, then a nursery of:
         send_all                   the only writer of the socket (frames never interleave)
-        _heartbeats                Heartbeat(in_flight, resident, telemetry) every heartbeat_interval_s
+        _heartbeats                Heartbeat(in_flight, resident, telemetry, backend_down)
+                                   every heartbeat_interval_s
+        _report_health             a heartbeat at once when the backend goes down or returns
         _drain_watch               on drain: wait for running tasks, then close with 1000
         _run_task (one per task)   own CancelScope, bounded by the task's timeout_s
         _receive_loop              the body; a silent coordinator (3 intervals) ends it
@@ -61,6 +65,7 @@ from tools.node_agent.connection import (
     send_all,
     why,
 )
+from tools.node_agent.health import BackendHealth
 from tools.node_agent.silence import receive_unless_silent
 from tools.node_agent.stats import NodeStats
 from tools.node_agent.task_run import refusal_of, run_task, short
@@ -89,12 +94,21 @@ class NodeAgent:
         *,
         rng: random.Random,
         telemetry: Callable[[], TelemetrySample | None] | None = None,
+        health_rng: random.Random | None = None,
     ) -> None:
         self.config = config
         # The host's latest telemetry sample, sent in every heartbeat (None: send none).
         self._telemetry = telemetry
         self.backend = backend
         self._rng = rng
+        # Its own generator: the checks' jitter does not shift the reconnect jitter.
+        self.health = BackendHealth(
+            backend,
+            config.models,
+            check_s=config.backend_check_s,
+            timeout_s=config.backend_check_timeout_s,
+            rng=health_rng or random.Random(config.node_id),
+        )
         self._running: dict[str, trio.CancelScope] = {}
         self._idle = trio.Event()
         self._idle.set()
@@ -109,6 +123,8 @@ class NodeAgent:
         # The protocol version of the current connection (its welcome's ``v``): a v1
         # coordinator gets results without usage, finish reason or timings.
         self.protocol = 1
+        # The backend's state as the coordinator last heard it from us (hello or heartbeat).
+        self._said_down: str | None = None
         # Observable counters (logs, tests).
         self.attempts = 0
         self.welcomes = 0
@@ -146,6 +162,21 @@ class NodeAgent:
         # Every line of this agent (and of its tasks) names its node (JSON logs).
         bind_log_ids(node_id=self.config.node_id)
         task_status.started()
+        # Before the first hello: it says whether the backend is down (no model placed here).
+        await self.health.check_now()
+        refused: AgentExit | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.health.watch)
+            try:
+                await self._reconnect()
+            except AgentExit as exc:
+                refused = exc
+            nursery.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
+        log.info("node %s stopped", self.config.node_id)
+
+    async def _reconnect(self) -> None:
         attempt = 0
         while not self._drain_requested.is_set():
             if await self._connect_once():
@@ -162,7 +193,6 @@ class NodeAgent:
             log.info("reconnecting in %.2f s (attempt %d)", delay, attempt)
             with trio.move_on_after(delay):
                 await self._drain_requested.wait()
-        log.info("node %s stopped", self.config.node_id)
 
     async def _connect_once(self) -> bool:
         """One connection from dial to close; True when the coordinator welcomed us."""
@@ -212,7 +242,8 @@ class NodeAgent:
     # --- one connection --------------------------------------------------------------------
 
     async def _handshake(self, ws: WebSocketConnection) -> Welcome | None:
-        return await handshake(ws, self.config)
+        self._said_down = self.health.problem
+        return await handshake(ws, self.config, backend_down=self._said_down)
 
     async def _serve(self, ws: WebSocketConnection, welcome: Welcome) -> None:
         # While connected, the lines of this connection and its tasks name the instance.
@@ -245,6 +276,7 @@ class NodeAgent:
                 send_all, ws, outbox_recv, nursery.cancel_scope, self.config.close_timeout_s
             )
             nursery.start_soon(self._heartbeats, outbox_send)
+            nursery.start_soon(self._report_health, outbox_send)
             nursery.start_soon(self._drain_watch, outbox_send)
             await self._receive_loop(ws, outbox_send, nursery)
             nursery.cancel_scope.cancel()
@@ -257,11 +289,27 @@ class NodeAgent:
             resident = None
             with trio.move_on_after(interval / 2):
                 resident = await self.backend.resident(self.config.models)
-            sample = self._telemetry() if self._telemetry is not None else None
-            telemetry = msgspec.Raw(encode_sample(sample)) if sample is not None else msgspec.UNSET
-            await outbox.send(
-                Heartbeat(in_flight=len(self._running), resident=resident, telemetry=telemetry)
-            )
+            await outbox.send(self._heartbeat(resident))
+
+    def _heartbeat(self, resident: list[str] | None) -> Heartbeat:
+        sample = self._telemetry() if self._telemetry is not None else None
+        telemetry = msgspec.Raw(encode_sample(sample)) if sample is not None else msgspec.UNSET
+        down = self._said_down = self.health.problem
+        return Heartbeat(
+            in_flight=len(self._running),
+            resident=resident,
+            telemetry=telemetry,
+            backend_down=msgspec.UNSET if down is None else down,
+        )
+
+    async def _report_health(self, outbox: trio.MemorySendChannel[Outbound]) -> None:
+        """A heartbeat as soon as the backend goes down or answers again (not at the next
+        interval): the coordinator stops placing here, or places here again, at once."""
+        while True:
+            changed = self.health.changed
+            if (self.health.problem is None) != (self._said_down is None):
+                await outbox.send(self._heartbeat(None))  # resident None: not said here
+            await changed.wait()
 
     async def _receive_loop(
         self,
@@ -336,6 +384,7 @@ class NodeAgent:
             self.config,
             running=len(self._running),
             draining=self._drain_requested.is_set(),
+            backend_down=self.health.problem,
         )
         if refusal is not None:
             await outbox.send(Error(task_id=task_id, code=refusal[0], message=short(refusal[1])))
@@ -362,7 +411,9 @@ class NodeAgent:
                 self._idle.set()
 
     async def _execute(self, assign: Assign, outbox: trio.MemorySendChannel[Outbound]) -> None:
-        await run_task(assign, self.backend, self.protocol, outbox.send)
+        await run_task(
+            assign, self.backend, self.protocol, outbox.send, failed=self.health.task_failed
+        )
 
     # --- drain -----------------------------------------------------------------------------
 

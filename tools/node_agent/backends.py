@@ -63,6 +63,7 @@ from tools.node_agent.settings import (
 __all__ = [
     "Backend",
     "BackendError",
+    "BackendUnreachable",
     "EchoBackend",
     "OllamaBackend",
     "OpenAIBackend",
@@ -77,6 +78,11 @@ _WORD_RE = re.compile(r"^\s+|\S+\s*")
 BackendError = HostError
 
 
+class BackendUnreachable(HostError):
+    """No connection to the model server could be made: the request never reached it (the
+    task never ran, so the coordinator may place it on another node)."""
+
+
 class Backend(Protocol):
     name: str
 
@@ -85,6 +91,12 @@ class Backend(Protocol):
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         """Which of ``models`` are loaded in memory now (None: cannot tell). Sent in every
         heartbeat; the coordinator charges their size against the node's memory budget."""
+        ...
+
+    async def check(self) -> list[str] | None:
+        """Whether the model server answers (``health.py``): the models it lists (None: it
+        does not say); raises BackendError with what failed. Optional: a backend without it
+        counts as always answering."""
         ...
 
     async def aclose(self) -> None: ...
@@ -132,6 +144,9 @@ class EchoBackend:
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         return list(models)  # the echo "model" is always loaded
 
+    async def check(self) -> list[str] | None:
+        return None  # nothing to reach: always answers
+
     async def aclose(self) -> None:
         return None
 
@@ -166,6 +181,10 @@ class _HttpBackend:
     """Shared HTTP plumbing: one client, no read timeout (the task's timeout_s bounds it)."""
 
     name = "http"
+    #: the health check (``check``): a GET of the server's model list, and its list's key
+    #: and each entry's name key
+    check_path = "/api/tags"
+    listing = ("models", "name")
 
     def __init__(
         self,
@@ -188,6 +207,32 @@ class _HttpBackend:
     async def resident(self, models: tuple[str, ...]) -> list[str] | None:
         return None
 
+    async def check(self) -> list[str] | None:
+        """``GET`` of the model list (``check_path``): answered with 200 and the list, read
+        unencoded and to 1 MiB at most; the names it lists. The caller bounds the time."""
+        url = f"{self.base_url}{self.check_path}"
+        try:
+            async with self._client.stream("GET", url, headers=UNENCODED) as response:
+                if response.status_code != 200:
+                    raise HostError(f"{self.name}: GET {url} answered HTTP {response.status_code}")
+                if encoded(response.headers.get("content-encoding")):
+                    raise HostError(f"{self.name}: GET {url}: the answer came compressed")
+                body = await whole_body(response.aiter_bytes())
+        except httpx.HTTPError as exc:
+            raise HostError(f"{self.name}: GET {url}: {_failure(exc)}") from exc
+        if body is None:
+            raise HostError(f"{self.name}: GET {url}: the answer is longer than 1 MiB")
+        list_key, name_key = self.listing
+        try:
+            items = load_json(body).get(list_key)
+        except (ValueError, AttributeError):
+            items = None
+        if not isinstance(items, list):
+            raise HostError(f"{self.name}: GET {url}: the answer has no {list_key!r} list")
+        return [
+            i[name_key] for i in items if isinstance(i, dict) and isinstance(i.get(name_key), str)
+        ]
+
     async def _stream(self, call: ServerCall) -> AsyncGenerator[str | Finish, None]:
         """The output deltas of ``call``, then its Finish; every failure a BackendError."""
         try:
@@ -204,6 +249,8 @@ class _HttpBackend:
                 async with aclosing(lines), aclosing(call.read(lines)) as items:
                     async for item in items:
                         yield item
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise BackendUnreachable(_describe(call.server, self.base_url, exc)) from exc
         except httpx.HTTPError as exc:
             raise HostError(_describe(call.server, self.base_url, exc)) from exc
 
@@ -226,6 +273,22 @@ def _describe(name: str, base_url: str, exc: httpx.HTTPError) -> str:
     if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError)):
         return f"{name}: connection to {base_url} lost mid-response"
     return short(f"{name}: {type(exc).__name__}: {exc}")
+
+
+def _failure(exc: httpx.HTTPError) -> str:
+    """What went wrong with a request that got no answer, in a few words for one log line."""
+    what = {
+        httpx.ConnectError: "cannot connect",
+        httpx.ConnectTimeout: "timed out connecting",
+        httpx.TimeoutException: "timed out",
+        httpx.ReadError: "connection lost",
+        httpx.RemoteProtocolError: "connection lost",
+    }
+    for kind, words in what.items():
+        if isinstance(exc, kind):
+            detail = str(exc)
+            return short(f"{words} ({detail})") if detail else words
+    return short(f"{type(exc).__name__}: {exc}")
 
 
 class OllamaBackend(_HttpBackend):
@@ -262,6 +325,8 @@ class OpenAIBackend(_HttpBackend):
     """An OpenAI-compatible ``POST /v1/chat/completions`` / ``POST /v1/completions`` (SSE)."""
 
     name = "openai"
+    check_path = "/v1/models"
+    listing = ("data", "id")
 
     def __init__(
         self, base_url: str = DEFAULT_OPENAI_URL, *, api_key: str | None = None, **kwargs: Any

@@ -26,6 +26,7 @@ from tools.node_agent.backends import make_backend
 from tools.node_agent.logs import configure_logging_once
 from tools.node_agent.settings import (
     BACKENDS,
+    DEFAULT_BACKEND_CHECK_S,
     DEFAULT_DRAIN_S,
     DEFAULT_MAX_PARALLEL,
     DEFAULT_OLLAMA_URL,
@@ -90,6 +91,15 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_OPENAI_URL}; a trailing /v1 is accepted)",
     )
     parser.add_argument(
+        "--backend-check-s",
+        default=str(DEFAULT_BACKEND_CHECK_S),
+        metavar="S",
+        help="check that the model server answers (ollama GET /api/tags, openai GET "
+        "/v1/models; 5 s timeout) before connecting and every S seconds; while it does not, "
+        "the node serves none of its models and checks again with backoff, at most S apart "
+        f"(default {DEFAULT_BACKEND_CHECK_S:g}; 0.1-3600)",
+    )
+    parser.add_argument(
         "--latency-ms",
         default="0",
         metavar="N|MIN-MAX",
@@ -151,6 +161,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
         chunk_delay_ms=getattr(args, "chunk_delay_ms", "0"),
         drain_s=getattr(args, "drain_s", DEFAULT_DRAIN_S),
         seed=getattr(args, "seed", None),
+        backend_check_s=getattr(args, "backend_check_s", DEFAULT_BACKEND_CHECK_S),
     )
 
 
@@ -197,9 +208,11 @@ async def serve_node(
             max_parallel=settings.max_parallel,
             vram_gb=settings.vram_gb,
             drain_s=settings.drain_s,
+            backend_check_s=settings.backend_check_s,
         ),
         backend,
         rng=random.Random(f"{seed}:reconnect"),
+        health_rng=random.Random(f"{seed}:health"),
         telemetry=None if telemetry is None else (lambda: telemetry.latest),
     )
     refused: AgentExit | None = None

@@ -63,6 +63,10 @@ class AgentConfig:
     handshake_timeout_s: float = 10.0
     close_timeout_s: float = 2.0
     agent_version: str = AGENT_VERSION
+    # The backend's checks (health.py): every backend_check_s while it answers, at most that
+    # far apart while it does not; each bounded by backend_check_timeout_s.
+    backend_check_s: float = 5.0
+    backend_check_timeout_s: float = 5.0
 
 
 def final_exit(close_code: int | None, node_id: str) -> AgentExit | None:

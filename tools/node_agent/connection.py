@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+import msgspec
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -57,8 +58,11 @@ def why(exc: HandshakeError) -> str:
     return type(exc).__name__
 
 
-async def handshake(ws: WebSocketConnection, config: AgentConfig) -> Welcome | None:
-    """Say hello; the coordinator's welcome (None: refused, closed, or none in time)."""
+async def handshake(
+    ws: WebSocketConnection, config: AgentConfig, *, backend_down: str | None = None
+) -> Welcome | None:
+    """Say hello (``backend_down``: why the backend cannot serve, health.py); the
+    coordinator's welcome (None: refused, closed, or none in time)."""
     hello = Hello(
         node_id=config.node_id,
         token=config.token,
@@ -67,6 +71,7 @@ async def handshake(ws: WebSocketConnection, config: AgentConfig) -> Welcome | N
         vram_gb=config.vram_gb,
         agent_version=config.agent_version,
         protocols=list(PROTOCOLS),
+        backend_down=msgspec.UNSET if backend_down is None else backend_down,
     )
     try:
         with trio.fail_after(config.handshake_timeout_s):

@@ -18,6 +18,7 @@ DEFAULT_OLLAMA_URL = "http://127.0.0.1:11434"
 DEFAULT_OPENAI_URL = "http://127.0.0.1:8080"
 DEFAULT_MAX_PARALLEL = 4
 DEFAULT_DRAIN_S = 10.0
+DEFAULT_BACKEND_CHECK_S = 5.0
 
 # Limits of what a Hello may carry (protocol/constraints.py; the coordinator refuses a hello
 # outside them with close 4002, so they are checked here, where a typo can still be named).
@@ -121,6 +122,7 @@ class NodeSettings:
     chunk_delay_s: float
     drain_s: float
     seed: int | None
+    backend_check_s: float = DEFAULT_BACKEND_CHECK_S
 
     @classmethod
     def parse(
@@ -138,6 +140,7 @@ class NodeSettings:
         chunk_delay_ms: object = "0",
         drain_s: object = DEFAULT_DRAIN_S,
         seed: object = None,
+        backend_check_s: object = DEFAULT_BACKEND_CHECK_S,
     ) -> NodeSettings:
         if not coordinator:
             raise UsageError("--coordinator is required")
@@ -186,6 +189,11 @@ class NodeSettings:
         parallel = _positive_int("--max-parallel", max_parallel)
         if parallel > MAX_PARALLEL:
             raise UsageError(f"--max-parallel must be at most {MAX_PARALLEL}, got {max_parallel!r}")
+        check_s = _non_negative("--backend-check-s", backend_check_s, positive=True)
+        if not 0.1 <= check_s <= 3600:
+            raise UsageError(
+                f"--backend-check-s must be between 0.1 and 3600 seconds, got {backend_check_s!r}"
+            )
         seed_value: int | None = None
         if seed is not None:
             try:
@@ -206,4 +214,5 @@ class NodeSettings:
             chunk_delay_s=_non_negative("--chunk-delay-ms", chunk_delay_ms or 0) / 1000.0,
             drain_s=_non_negative("--drain-s", DEFAULT_DRAIN_S if drain_s is None else drain_s),
             seed=seed_value,
+            backend_check_s=check_s,
         )

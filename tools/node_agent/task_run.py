@@ -28,7 +28,7 @@ from protocol import (
     text_bytes,
 )
 from protocol.model_servers import Finish, Generation
-from tools.node_agent.backends import Backend, BackendError
+from tools.node_agent.backends import Backend, BackendError, BackendUnreachable
 from tools.node_agent.config import AgentConfig
 
 __all__ = ["refusal_of", "run_task", "short"]
@@ -49,14 +49,24 @@ def short(text: str) -> str:
 
 
 def refusal_of(
-    assign: Assign, config: AgentConfig, *, running: int, draining: bool
+    assign: Assign,
+    config: AgentConfig,
+    *,
+    running: int,
+    draining: bool,
+    backend_down: str | None = None,
 ) -> tuple[str, str] | None:
-    """Why the node turns ``assign`` down (an error code and a message), or None to run it."""
+    """Why the node turns ``assign`` down (an error code and a message), or None to run it.
+    ``backend_down``: why its backend cannot serve now (health.py)."""
     node = config.node_id
     if draining:
         return TaskErrorCode.NODE_DRAINING, f"node {node} is shutting down"
     if assign.model not in config.models:
         return TaskErrorCode.MODEL_NOT_SERVED, f"node {node} does not serve model {assign.model!r}"
+    if backend_down is not None:
+        return TaskErrorCode.BACKEND_UNAVAILABLE, (
+            f"node {node} cannot reach its model backend: {backend_down}"
+        )
     if running >= config.max_parallel:
         return TaskErrorCode.NODE_BUSY, (
             f"node {node} already runs {running} task(s) (max_parallel {config.max_parallel})"
@@ -69,8 +79,17 @@ async def _fail(send: Send, task_id: str, code: str, message: str) -> None:
     await send(Error(task_id=task_id, code=code, message=short(message)))
 
 
-async def run_task(assign: Assign, backend: Backend, protocol: int, send: Send) -> None:
-    """Run ``assign`` on ``backend``; every envelope it produces goes to ``send``."""
+async def run_task(
+    assign: Assign,
+    backend: Backend,
+    protocol: int,
+    send: Send,
+    *,
+    failed: Callable[[Exception | None], None] | None = None,
+) -> None:
+    """Run ``assign`` on ``backend``; every envelope it produces goes to ``send``. ``failed``
+    is told when the backend failed it, and how (None: it timed out; the agent then checks the
+    backend at once, health.py)."""
     task_id = assign.task_id
     parts: list[str] = []
     size = 0
@@ -103,11 +122,19 @@ async def run_task(assign: Assign, backend: Backend, protocol: int, send: Send) 
                         await send(Chunk(task_id=task_id, seq=len(parts), delta=delta))
                     parts.append(delta)
     except trio.TooSlowError:
+        if failed is not None:
+            failed(None)
         message = f"backend did not finish within {assign.timeout_s:g} s"
         await _fail(send, task_id, TaskErrorCode.BACKEND_TIMEOUT, message)
         return
     except BackendError as exc:
-        await _fail(send, task_id, TaskErrorCode.BACKEND_ERROR, str(exc))
+        if failed is not None:
+            failed(exc)
+        # Not even a connection: the task never reached the model server, nor produced
+        # anything, so the coordinator may place it on another node (503 if none).
+        never_ran = isinstance(exc, BackendUnreachable) and not parts
+        code = TaskErrorCode.BACKEND_UNAVAILABLE if never_ran else TaskErrorCode.BACKEND_ERROR
+        await _fail(send, task_id, code, str(exc))
         return
     except Exception as exc:  # a backend bug must not take the node down
         log.exception("task %s: backend crashed", task_id)

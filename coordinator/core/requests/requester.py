@@ -116,6 +116,8 @@ class Requester(PlacementAttempts):
             # hears so now (503 with Retry-After) rather than at its deadline: a node busy
             # with work the leases do not see would otherwise be offered it again and again.
             request.full.add(envelope.conn_id)
+            if failure.code == TaskErrorCode.BACKEND_UNAVAILABLE:
+                request.gone_conns.add(envelope.conn_id)  # it serves nothing for now
             if all(v.conn_id in request.full for v in self._serving(request, now)):
                 return self._fail(task_id, error)
             return self._place_again(request, error, now)
@@ -133,12 +135,15 @@ class Requester(PlacementAttempts):
         if request is None or task is None or task.conn_id != envelope.conn_id:
             return []
         request.report_due = False  # the owner answered: it received the assign
-        if envelope.code in BUSY_CODES:
+        # A node whose backend is down serves nothing for now: like a gone one, it is not
+        # offered this task again (the client hears why when no other node can take it).
+        down = envelope.code == TaskErrorCode.BACKEND_UNAVAILABLE
+        if envelope.code in BUSY_CODES and not down:
             request.full.add(envelope.conn_id)
         else:
             request.gone_conns.add(envelope.conn_id)
         error = failure_error(envelope.node_id, envelope.code, envelope.message)
-        return self._place_again(request, error, now)
+        return self._place_again(request, error, now, keep_why=down)
 
     def _finish(self, task_id: str, conn_id: str, event: DoneEvent | FailedEvent) -> list[Effect]:
         task = self.tracker.get(task_id)

@@ -138,7 +138,18 @@ async def _serve_authenticated(
     except CoordinationUnavailable as exc:
         log.warning("refusing node %s for now: %s", hello.node_id, exc)
         return CloseCode.TRY_AGAIN_LATER, "coordination store unavailable; reconnect later"
-    log.info("node %s connected (%s) serving %s", hello.node_id, conn.conn_id, sorted(conn.models))
+    if conn.backend_down is None:
+        log.info(
+            "node %s connected (%s) serving %s", hello.node_id, conn.conn_id, sorted(conn.models)
+        )
+    else:
+        log.warning(
+            "node %s connected (%s) with its backend down, serving none of %s: %s",
+            hello.node_id,
+            conn.conn_id,
+            sorted(conn.advertised),
+            conn.backend_down,
+        )
     try:
         welcome = Welcome(
             instance_id=instance.instance_id,
@@ -177,4 +188,22 @@ async def _receive_envelopes(
             log.warning("node %s sent a bad envelope: %s", conn.node_id, exc)
             link.request_close(CloseCode.PROTOCOL_ERROR, str(exc))
             return
+        down = conn.backend_down
         instance.on_node_envelope(conn, envelope)
+        if (down is None) != (conn.backend_down is None):
+            _log_backend_flip(conn)
+
+
+def _log_backend_flip(conn: NodeConnection) -> None:
+    if conn.backend_down is not None:
+        log.warning(
+            "node %s reports its backend down; not placing on it: %s",
+            conn.node_id,
+            conn.backend_down,
+        )
+    else:
+        log.info(
+            "node %s reports its backend answering again: serving %s",
+            conn.node_id,
+            sorted(conn.models),
+        )
