@@ -48,6 +48,9 @@ log = logging.getLogger("gemmanet.membership")
 #: A member silent this long is removed from the registry (a dead peer's snapshot must not
 #: linger; far longer than any stall we ride out, so a paused Redis forgets nobody).
 FORGET_AFTER_S = 60.0
+#: a graceful stop's removal from the registry, a beat in flight included (app.py bounds the
+#: whole of leaving at 3 s)
+LEAVE_WITHIN_S = 2.5
 #: how long a change waits for more before it is published (far below the beat)
 COALESCE_S = 0.05
 
@@ -124,6 +127,11 @@ class Membership:
         # Backend time of the last beat's read: ages in ``members`` are counted from it.
         self._last_read_at: float | None = None
         self._dirty = trio.Event()
+        # A graceful stop: no beat may write our entry again once ``leave`` removed it (a beat
+        # in flight during the removal did, on a loaded machine, and the restarted instance
+        # then counted its predecessor as a peer).
+        self._leaving = False
+        self._beat_lock = trio.Lock()
         #: each member's life (``InstanceSnapshot.incarnation``) as the judge's last read saw it
         self.incarnations: dict[str, str] = {}
         #: called (awaited) when our presence lapsed long enough that peers may have declared
@@ -165,12 +173,15 @@ class Membership:
 
     async def leave(self) -> None:
         """Leave politely: peers stop placing here at once (a closed inbox tells the sweeps)."""
-        # Shielded from the cancellation that stops us, but bounded: the deadline sits inside.
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            try:
-                await self.presence.presence_leave(keys.PRESENCE, self.me)
-            except CoordinationUnavailable:
-                pass
+        self._leaving = True
+        # Shielded from the cancellation that stops us, but bounded, inside app.py's bound on
+        # leaving: a beat in flight finishes first (up to one store timeout), then the entry goes.
+        with trio.CancelScope(shield=True), trio.move_on_after(LEAVE_WITHIN_S):
+            async with self._beat_lock:
+                try:
+                    await self.presence.presence_leave(keys.PRESENCE, self.me)
+                except CoordinationUnavailable:
+                    pass
 
     # -- presence ---------------------------------------------------------------------------
 
@@ -194,14 +205,17 @@ class Membership:
                 # (20-40 ms of the loop at 3,334 nodes: the request p99 at 10,000 nodes).
                 snapshot, encoded, digest = self._last_encoded
         await self._publish_snapshot(encoded, digest)
-        sent = self._clock()
-        view = await self.presence.presence_beat(
-            keys.PRESENCE,
-            self.me,
-            registry.encode_presence(snapshot, digest, busy, in_flight),
-            stall_after_s=self.timing.stall_gap_s,
-            forget_after_s=FORGET_AFTER_S,
-        )
+        async with self._beat_lock:
+            if self._leaving:
+                return
+            sent = self._clock()
+            view = await self.presence.presence_beat(
+                keys.PRESENCE,
+                self.me,
+                registry.encode_presence(snapshot, digest, busy, in_flight),
+                stall_after_s=self.timing.stall_gap_s,
+                forget_after_s=FORGET_AFTER_S,
+            )
         self._absorb(view, self._clock() - sent)
         if view.previous_beat is None and not first:
             # The store no longer had our entry: it restarted empty (or forgot us). What we
