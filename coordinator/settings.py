@@ -6,6 +6,7 @@ variables that are set, so an unset variable takes the field's default.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -15,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from coordinator.capacity import Capacity, load_capacity
-from coordinator.core.liveness import LivenessTiming
+from coordinator.core.liveness import STREAMS_PRESENCE_TTL_S, LivenessTiming
 from coordinator.errors import SettingsError
 from protocol.constraints import MAX_IDENTIFIER_LENGTH, MAX_TIMEOUT_S, is_identifier
 
@@ -28,8 +29,15 @@ _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 # A heartbeat slower than this would leave a dead node's tasks hanging for minutes.
 MAX_HEARTBEAT_S = 60.0
 BUSES = ("pubsub", "streams")
-#: GEMMANET_REDIS_BUS_CLIENT: the client PUBLISH/SUBSCRIBE take (coordination/redis/lean/)
-REDIS_BUS_CLIENTS = ("lean", "coredis")
+#: Variables no longer read, with why: a deployment that still sets one starts as before and is
+#: told once, at start, that it has no effect (``Settings.from_env``), rather than refused.
+RETIRED_VARIABLES = {
+    "GEMMANET_REDIS_BUS_CLIENT": (
+        "the Redis pub/sub bus has one client, the lean one, on every deployment"
+    ),
+}
+
+log = logging.getLogger(__name__)
 
 
 def parse_rate_limit(text: str) -> tuple[int, float]:
@@ -178,10 +186,6 @@ VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "redis_key_file": ("GEMMANET_REDIS_KEY_FILE", _readable_file),
     "multi_instance": ("GEMMANET_MULTI_INSTANCE", _flag),
     "bus": ("GEMMANET_BUS", lambda n, v: _choice(n, v, BUSES)),
-    "redis_bus_client": (
-        "GEMMANET_REDIS_BUS_CLIENT",
-        lambda n, v: _choice(n, v, REDIS_BUS_CLIENTS),
-    ),
     "key_prefix": ("GEMMANET_KEY_PREFIX", _name),
     "instance_id": ("GEMMANET_INSTANCE_ID", _identifier),
     "rate_limit": ("GEMMANET_RATE_LIMIT", lambda n, v: parse_rate_limit(v)),
@@ -298,7 +302,6 @@ class Settings:
     redis_key_file: str | None = None
     multi_instance: bool = False
     bus: str = "pubsub"
-    redis_bus_client: str = REDIS_BUS_CLIENTS[0]
     key_prefix: str = "gn"
     instance_id: str = field(default_factory=lambda: "i-" + secrets.token_hex(4))
     rate_limit: tuple[int, float] = (60, 60.0)
@@ -357,7 +360,11 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        settings = cls(**_env_values(os.environ if env is None else env))
+        env = os.environ if env is None else env
+        for variable, why in RETIRED_VARIABLES.items():
+            if env.get(variable, "").strip():
+                log.warning("%s is set but no longer used (%s); remove it", variable, why)
+        settings = cls(**_env_values(env))
         settings.check()
         return settings
 
@@ -383,6 +390,7 @@ class Settings:
             sweep_s=self.sweep_s,
             stall_slack_s=self.stall_slack_s,
             responsive_rtt_s=self.responsive_rtt_s,
+            presence_ttl_s=STREAMS_PRESENCE_TTL_S if self.bus == "streams" else 0.0,
         )
 
     @property

@@ -35,7 +35,7 @@ def coordination_for(
     settings: Settings, *, clock: Callable[[], float] = time.monotonic
 ) -> MemoryCoordination | RedisCoordination:
     """``create_coordination`` with every connection setting of ``settings`` (URL, password
-    file, key prefix, TLS files, bus client): what the server, the monitor and the audit open."""
+    file, key prefix, TLS files): what the server, the monitor and the audit open."""
     return create_coordination(
         settings.redis_url,
         password_file=settings.redis_password_file,
@@ -44,7 +44,6 @@ def coordination_for(
         cert_file=settings.redis_cert_file,
         key_file=settings.redis_key_file,
         clock=clock,
-        bus_client=settings.redis_bus_client,
     )
 
 
@@ -58,11 +57,9 @@ def create_coordination(
     key_file: str | None = None,
     op_timeout_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
-    bus_client: str = "lean",
 ) -> MemoryCoordination | RedisCoordination:
     """The memory backend when ``redis_url`` is empty, else Redis (``clock`` is memory-only:
-    Redis judges time by its own clock; ``bus_client``, Redis-only, is the client PUBLISH and
-    SUBSCRIBE take: ``lean`` or ``coredis``, GEMMANET_REDIS_BUS_CLIENT)."""
+    Redis judges time by its own clock)."""
     if not redis_url:
         return MemoryCoordination(clock)
     # Imported here: coredis costs a quarter of a second to import, memory users don't pay it.
@@ -78,7 +75,6 @@ def create_coordination(
         key_prefix,
         op_timeout_s=op_timeout_s,
         ssl_context=ssl_context,
-        bus_client=bus_client,
     )
 
 

@@ -26,7 +26,8 @@ Capacity leases and queues (Redis; ``redis/lease_scripts.py`` says what each hol
 ``monitor:facts``, ``monitor:facts_at``, ``monitor:accepted:{epoch}``.
 
 The instance bus: the pub/sub channel ``inst:bus:{inst}`` (``PubSubBus``); the stream
-``inst:stream:{inst}`` and its presence key ``inst:listening:{inst}`` (``StreamsBus``).
+``inst:stream:{inst}``, its presence key ``inst:listening:{inst}`` and ``inst:refused:{inst}``,
+the server time an envelope for it was last refused for want of a presence (``StreamsBus``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "OWNERS_CHANGED",
     "OWNER_PREFIX",
     "PRESENCE",
+    "REFUSED_PREFIX",
     "SINGLE_INSTANCE_LOCK",
     "SNAPSHOT_PREFIX",
     "STREAM_PREFIX",
@@ -55,6 +57,7 @@ __all__ = [
     "owner_key",
     "presence_keys",
     "rate_limit_key",
+    "refused_key",
     "snapshot_key",
     "stream_key",
     "telemetry_key",
@@ -136,6 +139,7 @@ def monitor_accepted_key(epoch: int) -> str:
 INBOX_PREFIX = "inst:bus:"
 STREAM_PREFIX = "inst:stream:"
 LISTENING_PREFIX = "inst:listening:"
+REFUSED_PREFIX = "inst:refused:"
 
 
 def inbox(instance_id: str) -> str:
@@ -149,3 +153,7 @@ def stream_key(instance_id: str) -> str:
 
 def listening_key(instance_id: str) -> str:
     return LISTENING_PREFIX + instance_id
+
+
+def refused_key(instance_id: str) -> str:
+    return REFUSED_PREFIX + instance_id

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "FAILOVER_PROMISE_S",
+    "STREAMS_PRESENCE_TTL_S",
+    "STREAMS_REFRESH_S",
     "FreezeWatch",
     "LivenessJudge",
     "LivenessTiming",
@@ -42,6 +44,15 @@ __all__ = [
 #: The product's promise: a dead owner's tasks end with 502 on a peer within this many seconds.
 FAILOVER_PROMISE_S = 3.0
 
+#: The streams bus's inbox presence (``coordination/bus/streams.py``, which derives its
+#: tolerances from these): the key's TTL and how often a listener refreshes it. A killed
+#: listener refreshed last before it died, so its key is gone, and ``send`` to it answers 0, at
+#: most the TTL after the kill; a live one keeps it while no refresh comes more than
+#: TTL - refresh = 0.75 s late (``coordination/bus/stall_watch.py`` has the rest of the
+#: arithmetic: which stalls a sender sees, and what a stall costs).
+STREAMS_PRESENCE_TTL_S = 1.0
+STREAMS_REFRESH_S = 0.25
+
 
 def failover_bound_s(
     *,
@@ -49,6 +60,7 @@ def failover_bound_s(
     sweep_s: float,
     stall_slack_s: float,
     responsive_rtt_s: float,
+    presence_ttl_s: float = 0.0,
 ) -> float:
     """Worst-case seconds from an owner's death to its tasks' 502 on a peer, Redis responsive.
 
@@ -61,13 +73,15 @@ def failover_bound_s(
 
         frozen = rtt + alive_ttl_s + sweep_s + stall_slack_s + rtt
 
-    Killed owner (kill -9): its inbox has no listener from T on. The next sweep sends its
-    listener check within ``stall_gap`` and the registry read after it; both answer within
-    ``rtt``::
+    Killed owner (kill -9): its inbox has no listener from ``T + presence_ttl_s`` on (pub/sub:
+    0, its socket closes at once; streams: its presence key, last refreshed before T, is gone
+    a TTL later). The next sweep sends its listener check within ``stall_gap`` of that and the
+    registry read after it; both answer within ``rtt``::
 
-        killed = sweep_s + stall_slack_s + rtt + rtt
+        killed = presence_ttl_s + sweep_s + stall_slack_s + rtt + rtt
 
-    The bound is the larger (always ``frozen``). Two settings are deliberately absent:
+    The bound is the larger: ``frozen`` with the defaults on either bus (killed: 0.9 s on
+    pub/sub, 1.9 s on streams, whose TTL is 1 s). Two settings are deliberately absent:
     ``beat_s`` (an owner dying just after a beat is the worst case whatever the interval; the
     beat interval only has to fit inside the TTL, see ``LivenessTiming.problems``) and the Redis
     operation timeout (a read slower than ``responsive_rtt_s`` counts as a stall and ends no
@@ -75,7 +89,7 @@ def failover_bound_s(
     """
     stall_gap = sweep_s + stall_slack_s
     frozen = responsive_rtt_s + alive_ttl_s + stall_gap + responsive_rtt_s
-    killed = stall_gap + 2 * responsive_rtt_s
+    killed = presence_ttl_s + stall_gap + 2 * responsive_rtt_s
     return max(frozen, killed)
 
 
@@ -120,6 +134,8 @@ class LivenessTiming:
     sweep_s: float
     stall_slack_s: float
     responsive_rtt_s: float
+    #: how long a killed instance's inbox still looks listened to (streams: the presence TTL)
+    presence_ttl_s: float = 0.0
 
     @property
     def stall_gap_s(self) -> float:
@@ -133,6 +149,7 @@ class LivenessTiming:
             sweep_s=self.sweep_s,
             stall_slack_s=self.stall_slack_s,
             responsive_rtt_s=self.responsive_rtt_s,
+            presence_ttl_s=self.presence_ttl_s,
         )
 
     @property
@@ -142,6 +159,12 @@ class LivenessTiming:
     def bound_sum(self) -> str:
         """The bound's arithmetic, term by term, for a one-line refusal."""
         t = self
+        if t.presence_ttl_s > t.alive_ttl_s:  # the killed term is the larger
+            return (
+                f"bus presence TTL {t.presence_ttl_s:g} + sweep_s {t.sweep_s:g} + "
+                f"stall_slack_s {t.stall_slack_s:g} + 2 x responsive_rtt_s "
+                f"{t.responsive_rtt_s:g} = {t.failover_bound_s:.2f} s"
+            )
         return (
             f"responsive_rtt_s {t.responsive_rtt_s:g} + alive_ttl_s {t.alive_ttl_s:g} + "
             f"sweep_s {t.sweep_s:g} + stall_slack_s {t.stall_slack_s:g} + "

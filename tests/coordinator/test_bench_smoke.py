@@ -124,20 +124,20 @@ def test_cross_instance_benchmark(tmp_path: Path) -> None:
         "tools.bench.cross_instance", tmp_path / "cross.json", "--duration", "3"
     )
     assert data["benchmark"] == "cross_instance"
-    # The lean pair's kinds, the coredis pair's, the bare socket; Channels when installed.
-    kinds = ["remote", "local", "pubsub", "remote_coredis", "local_coredis", "pubsub_coredis"]
-    kinds += ["socket", *(["channels"] if "channels" in data else [])]
+    # The pair's kinds (the bus's one client), the bare socket; Channels when installed.
+    kinds = ["remote", "local", "pubsub", "socket", *(["channels"] if "channels" in data else [])]
     for kind in kinds:
         figures = data[kind]
         for key in ("p50_ms", "p95_ms", "p99_ms", "ok"):
             assert positive(figures[key]), (kind, key, figures)
         assert figures["errors"] == {}, figures
         assert figures["ok"] == figures["scheduled"]
-    assert set(data["difference_ms"]) == set(data["difference_coredis_ms"]) == {"p50", "p95", "p99"}
+    assert set(data["difference_ms"]) == {"p50", "p95", "p99"}
+    assert not any(key.endswith("_coredis") or "coredis" in key for key in data)
     assert all(isinstance(v, float) for v in data["difference_ms"].values())
     assert data["budget_ms"] == {"p95": 20.0, "p99": 50.0} and data["aim_ms"] == {"p95": 1.0}
-    # The CPU rounds: the two instances' CPU per remote request against a local one, per pair.
-    assert set(data["cpu"]) == {"lean", "coredis"}
+    # The CPU rounds: the two instances' CPU per remote request against a local one.
+    assert set(data["cpu"]) == {"lean"}
     for pair in data["cpu"].values():
         for kind in ("remote", "local"):
             assert pair[kind]["errors"] == {} and positive(pair[kind]["ok"]), pair[kind]

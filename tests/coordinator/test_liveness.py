@@ -9,6 +9,8 @@ from dataclasses import replace
 import pytest
 
 from coordinator.core.liveness import (
+    FAILOVER_PROMISE_S,
+    STREAMS_PRESENCE_TTL_S,
     FreezeWatch,
     LivenessJudge,
     LivenessTiming,
@@ -147,6 +149,24 @@ def test_bound_of_the_defaults_is_inside_3_s() -> None:
 def test_each_input_moves_the_bound(name: str, weight: int) -> None:
     moved = failover_bound_s(**{**BASE, name: BASE[name] + 0.25})
     assert moved == pytest.approx(failover_bound_s(**BASE) + weight * 0.25)
+
+
+def test_the_streams_bus_presence_ttl_is_the_killed_terms_first_and_stays_inside_3_s() -> None:
+    """A killed owner's inbox looks listened to for the streams presence TTL (1 s) more; with
+    the defaults the frozen term still dominates, and a TTL past alive_ttl_s would take over
+    (and be named in the refusal's sum)."""
+    assert STREAMS_PRESENCE_TTL_S == 1.0
+    killed = STREAMS_PRESENCE_TTL_S + BASE["sweep_s"] + BASE["stall_slack_s"] + 2 * 0.1
+    assert killed == pytest.approx(1.9)
+    assert failover_bound_s(**BASE, presence_ttl_s=STREAMS_PRESENCE_TTL_S) == pytest.approx(2.9)
+    streams = Settings(bus="streams").liveness_timing()
+    assert streams.presence_ttl_s == STREAMS_PRESENCE_TTL_S
+    assert streams.failover_bound_s == pytest.approx(2.9)
+    assert streams.failover_bound_s <= FAILOVER_PROMISE_S
+    assert Settings().liveness_timing().presence_ttl_s == 0.0  # pub/sub: at once
+    slow = replace(streams, presence_ttl_s=2.5)
+    assert slow.failover_bound_s == pytest.approx(2.5 + 0.5 + 0.2 + 0.2)
+    assert "bus presence TTL 2.5" in slow.bound_sum()
 
 
 def test_a_ttl_too_short_for_the_beat_is_a_problem() -> None:

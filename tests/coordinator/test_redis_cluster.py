@@ -1,6 +1,7 @@
 """Redis Cluster specifics (README "Redis Cluster"): the slot arithmetic agrees with the server,
 every Lua script of the backend runs on the 3-master cluster with all its keys in the one slot
-of the deployment's hash tag, the URL forms are checked, and a MOVED slot is followed.
+of the deployment's hash tag, the URL forms are checked, and a MOVED slot is followed (by the
+lean pub/sub bus too, on its own).
 
 The contract suites (coordination, lease, monitor, telemetry, bus) also run on the cluster, as
 ``redis-cluster`` parameters of their fixtures.
@@ -226,5 +227,47 @@ async def test_a_moved_slot_is_followed(
                 assert await c.pubsub.publish("ch", b"after the move") == 1
                 with trio.fail_after(5):
                     assert await inbox.__anext__() == b"after the move"
+        finally:
+            await trio.to_thread.run_sync(_move_slot, cluster, slot, other, home)
+
+
+async def test_the_bus_follows_a_moved_slot_by_itself(
+    redis_cluster_session: RedisClusterHandle, redis_key_prefix: str
+) -> None:
+    """The lean bus with no key operation to learn the move first: after the slot moved, a
+    re-subscription and a publish are each sent to the old master, get MOVED, hand it to the
+    link (the one routing answer) and land on the new master, where they meet."""
+    cluster = redis_cluster_session
+    slot = key_slot(tagged_prefix(redis_key_prefix))
+    home = cluster.node_for_slot(slot)
+    other = next(node for node in cluster.nodes if node is not home)
+    async with (
+        RedisCoordination(cluster.url, key_prefix=redis_key_prefix) as sender,
+        RedisCoordination(cluster.url, key_prefix=redis_key_prefix) as listener,
+    ):
+        try:
+            async with listener.pubsub.subscribe("ch") as inbox:
+                assert await sender.pubsub.publish("ch", b"before") == 1
+                with trio.fail_after(5):
+                    assert await inbox.__anext__() == b"before"
+                await trio.to_thread.run_sync(_move_slot, cluster, slot, home, other)
+                with trio.fail_after(5), pytest.raises(CoordinationUnavailable, match="lost"):
+                    await inbox.__anext__()
+            # Both still point at the old master: only a MOVED can tell them.
+            for c in (sender, listener):
+                where = await c.link.master()
+                assert where is not None and where.port == home.port
+            channel = tagged_prefix(redis_key_prefix) + "ch"
+            with trio.fail_after(10):
+                async with listener.pubsub.subscribe("ch") as inbox:
+                    # Subscribed at the new master, where the publish goes too.
+                    shards = other.raw_command("PUBSUB", "SHARDNUMSUB", channel)
+                    assert shards.endswith(b":1\r\n"), shards
+                    assert await sender.pubsub.publish("ch", b"after the move") == 1
+                    assert await inbox.__anext__() == b"after the move"
+            for c in (sender, listener):
+                where = await c.link.master()
+                assert where is not None and where.port == other.port
+            assert sender.pubsub._publisher_at == await sender.link.master()
         finally:
             await trio.to_thread.run_sync(_move_slot, cluster, slot, other, home)

@@ -121,8 +121,8 @@ async def test_same_client_works_again_after_restart(redis_server: RedisServer) 
             redis_server.start()
             # The restarted server lost its data and its Lua script cache; both are fine.
             await _assert_works(c)
-        # The shared one (plus the lean path's publisher): no leaked subscriptions.
-        await _assert_connections_settle(c, 2 if c.pubsub.bus_client == "lean" else 1)
+        # The shared one plus the bus's publisher: no leaked subscriptions.
+        await _assert_connections_settle(c, 2)
 
 
 async def test_client_started_while_redis_is_down(redis_server: RedisServer) -> None:

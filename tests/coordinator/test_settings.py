@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from coordinator.errors import SettingsError
@@ -27,7 +29,6 @@ def test_blank_variables_count_as_unset() -> None:
         for name in (
             "GEMMANET_DATABASE_URL",
             "GEMMANET_BUS",
-            "GEMMANET_REDIS_BUS_CLIENT",
             "GEMMANET_KEY_PREFIX",
             "GEMMANET_RATE_LIMIT",
             "GEMMANET_TASK_TIMEOUT_S",
@@ -47,7 +48,6 @@ def test_the_constructor_and_the_environment_agree() -> None:
         "GEMMANET_REDIS_URL": "redis://r:6379/0",
         "GEMMANET_MULTI_INSTANCE": "1",
         "GEMMANET_BUS": "streams",
-        "GEMMANET_REDIS_BUS_CLIENT": "coredis",
         "GEMMANET_KEY_PREFIX": "gn2",
         "GEMMANET_INSTANCE_ID": "inst-a",
         "GEMMANET_RATE_LIMIT": "5/30s",
@@ -59,7 +59,6 @@ def test_the_constructor_and_the_environment_agree() -> None:
         redis_url="redis://r:6379/0",
         multi_instance=True,
         bus="streams",
-        redis_bus_client="coredis",
         key_prefix="gn2",
         instance_id="inst-a",
         rate_limit=(5, 30.0),
@@ -72,7 +71,6 @@ def test_the_constructor_and_the_environment_agree() -> None:
     ("name", "value"),
     [
         ("GEMMANET_BUS", "kafka"),
-        ("GEMMANET_REDIS_BUS_CLIENT", "redis-py"),
         ("GEMMANET_KEY_PREFIX", "a b"),
         ("GEMMANET_INSTANCE_ID", "x/y"),
         ("GEMMANET_INSTANCE_ID", "i" * 129),
@@ -91,3 +89,22 @@ def test_a_bad_value_is_refused_naming_its_variable(name: str, value: str) -> No
 def test_multi_instance_without_redis_is_refused() -> None:
     with pytest.raises(SettingsError, match="GEMMANET_REDIS_URL"):
         Settings.from_env({"GEMMANET_MULTI_INSTANCE": "1"})
+
+
+@pytest.mark.parametrize("value", ["lean", "coredis", "redis-py"])
+def test_the_retired_bus_client_setting_starts_with_one_warning(
+    value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GEMMANET_REDIS_BUS_CLIENT is no longer read (the pub/sub bus has one client): a
+    deployment that still sets it, to any value, starts as without it, warned once."""
+    env = {"GEMMANET_REDIS_URL": "redis://r:6379/0", "GEMMANET_REDIS_BUS_CLIENT": value}
+    with caplog.at_level(logging.WARNING, logger="coordinator.settings"):
+        settings = Settings.from_env(env)
+    assert settings == Settings(redis_url="redis://r:6379/0", instance_id=settings.instance_id)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "GEMMANET_REDIS_BUS_CLIENT is set but no longer used" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="coordinator.settings"):
+        Settings.from_env({"GEMMANET_REDIS_URL": "redis://r:6379/0"})
+    assert not caplog.records

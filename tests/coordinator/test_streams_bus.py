@@ -18,7 +18,7 @@ from coordinator.coordination import (
     create_bus,
 )
 from coordinator.coordination.bus.streams import StreamsBus
-from coordinator.coordination.keys import listening_key, stream_key
+from coordinator.coordination.keys import listening_key, refused_key, stream_key
 from coordinator.coordination.redis.coordination import RedisCoordination
 from tests.fixtures.redis_server import RedisServer
 
@@ -221,4 +221,74 @@ async def test_a_pause_longer_than_the_presence_ttl_does_not_make_live_listeners
         assert await b.is_listening("A") is True
         assert await b.is_listening("nobody") is False
         assert await b.send("nobody", b"x") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_send_that_went_out_as_redis_stopped_refuses_nothing(
+    redis_server: RedisServer,
+) -> None:
+    """B sends to A just as Redis stops, before B has any sign of the stall, and Redis runs
+    the send only after a pause longer than the presence TTL, when A's key has lapsed (A's
+    listen was cut just before, and it is late to listen again). The send only asked: its
+    answer ("nobody there") came back too late to be believed, so B appends after all and
+    records no refusal, and A's re-listen resumes with the envelope, though its presence
+    lapsed meanwhile."""
+    ttl, url = 1.0, redis_server.url
+    async with (
+        RedisCoordination(url, key_prefix="t", op_timeout_s=3.0) as coord_a,
+        RedisCoordination(url, key_prefix="t", op_timeout_s=3.0) as coord_b,
+        trio.open_nursery() as nursery,
+    ):
+        a = StreamsBus(coord_a.link, presence_ttl_s=ttl, refresh_s=0.25, block_ms=200)
+        b = StreamsBus(coord_b.link, presence_ttl_s=ttl, refresh_s=0.25, block_ms=200)
+        got_a: list[bytes] = []
+        resumed: list[bool] = []
+        gates = {"A": trio.Event(), "B": trio.Event()}
+        gates["B"].set()
+
+        async def listen_a() -> None:
+            while True:
+                await gates["A"].wait()
+                try:
+                    async with a.listen("A") as inbox:
+                        resumed.append(inbox.resumed)
+                        async for payload in inbox:
+                            got_a.append(payload)
+                except CoordinationUnavailable:
+                    await trio.sleep(0.05)
+
+        gates["A"].set()
+        nursery.start_soon(listen_a)
+        nursery.start_soon(_keep_listening, b, "B", [], gates)
+        await trio.sleep(0.6)
+        assert await b.send("A", b"before") == 1
+        with trio.fail_after(5):
+            while got_a != [b"before"]:
+                await trio.sleep(0.02)
+        gates["A"] = trio.Event()
+        kill_listener_connection(redis_server, coord_a, "A")  # A's listen is cut
+        await trio.sleep(0.1)
+        outcome: list[int] = []
+
+        async def send() -> None:
+            outcome.append(await b.send("A", b"as Redis stopped"))
+
+        redis_server.pause()
+        try:
+            assert b.absence_believed()  # no sign of the stall yet
+            nursery.start_soon(send)
+            await trio.sleep(ttl + 0.5)
+        finally:
+            redis_server.resume()
+        with trio.fail_after(5):
+            while not outcome:
+                await trio.sleep(0.02)
+        assert outcome == [1]
+        refused = coord_b.link.redis_key(refused_key("A"))
+        assert redis_server.raw_command("EXISTS", refused) == b":0\r\n"
+        gates["A"].set()
+        with trio.fail_after(5):
+            while got_a != [b"before", b"as Redis stopped"]:
+                await trio.sleep(0.02)
+        assert resumed == [False, True]
         nursery.cancel_scope.cancel()

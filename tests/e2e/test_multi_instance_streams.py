@@ -75,8 +75,9 @@ def test_request_and_streaming_on_b_reach_node_on_a(
 async def test_kill_9_of_the_owner_fails_tasks_on_b_within_3s(
     shared: Processes, two: tuple[Coordinator, Coordinator], stream: bool
 ) -> None:
-    # With streams, B learns of A's death when A's presence key (TTL 2 s) or alive key
-    # expires, not at once as with pub/sub's subscriber count: still inside the 3 s.
+    # With streams, B learns of A's death when A's presence key (TTL 1 s) expires, not at
+    # once as with pub/sub's subscriber count: within 1.9 s, inside the 3 s
+    # (test_streams_presence.py measures it).
     await pubsub.test_kill_9_of_the_owner_fails_tasks_on_b_within_3s(shared, two, stream)
 
 

@@ -56,6 +56,8 @@ class Run:
     paused_at: float
     resumed_at: float
     diagnostics: list[dict[str, Any]]
+    #: A and B, still running
+    instances: tuple[Coordinator, Coordinator]
 
     def summary(self) -> list[tuple[str, float, int | None, float]]:
         return [
@@ -140,7 +142,7 @@ async def pause_under_cross_instance_load(
         for client in clients.values():
             await client.aclose()
     outcomes.sort(key=lambda o: o.started)
-    return Run(outcomes, paused_at, resumed_at, [diagnostics(a), diagnostics(b)])
+    return Run(outcomes, paused_at, resumed_at, [diagnostics(a), diagnostics(b)], (a, b))
 
 
 def start_cpu_hogs(n: int, *, seconds: float) -> list[subprocess.Popen[bytes]]:

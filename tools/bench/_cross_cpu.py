@@ -1,7 +1,7 @@
-"""The CPU part of ``cross_instance.py``: per pair of instances, closed-loop rounds alternating
-remote and local requests to B (``_closed_loop.py``), the CPU of A and B together per answered
-request and the ratio remote/local, printed; with ``--py-spy``, profiles of A and B over extra
-rounds of the lean pair, split by category (``_profile.py``).
+"""The CPU part of ``cross_instance.py``: for the pair of instances, closed-loop rounds
+alternating remote and local requests to B (``_closed_loop.py``), the CPU of A and B together
+per answered request and the ratio remote/local, printed; with ``--py-spy``, profiles of A and
+B over extra rounds, split by category (``_profile.py``).
 """
 
 from __future__ import annotations

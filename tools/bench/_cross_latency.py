@@ -1,8 +1,8 @@
 """The open-loop latency part of ``cross_instance.py``: requests to each B on a fixed schedule,
 remote (over the bus to A) and local interleaved with the raw round trips for scale (pub/sub on
-each bus client, a bare socket PING, Django Channels' layer when installed); the figures, the
+the bus client, a bare socket PING, Django Channels' layer when installed); the figures, the
 hop (remote - local) against the seed's budget and our aim, and the printed table. Also the
-names both parts share (the bus clients of the pairs, the kinds, the request timeout).
+names both parts share (the pair's bus client, the kinds, the request timeout).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ from tools.bench._harness import (
 )
 from tools.bench._probes import PubSubProbe, SocketProbe, channels_round_trips
 
-CLIENTS = ("lean", "coredis")  # GEMMANET_REDIS_BUS_CLIENT of each pair; the first is default
-# Keys of the report: the lean pair's kinds keep the names they had before the coredis pair came.
-KINDS = ("remote", "local", "pubsub", "remote_coredis", "local_coredis", "pubsub_coredis", "socket")
+# The bus client of the one pair: the pub/sub bus has one client (a coredis pair, A2 and B2,
+# was measured beside it until that client was removed). The report keeps naming the pair by it.
+CLIENTS = ("lean",)
+KINDS = ("remote", "local", "pubsub", "socket")
 CHANNELS = "channels"
 # One cycle every 2/rate s; the kinds take evenly spaced slots in it.
-CYCLE = ("remote", "pubsub", "local", "socket", "remote_coredis", "pubsub_coredis", "local_coredis")
+CYCLE = ("remote", "pubsub", "local", "socket")
 BUDGET_MS = {"p95": 20.0, "p99": 50.0}  # the seed's budget for the cross-instance hop
 AIM_MS = {"p95": 1.0}  # ours (issue 11), also: no worse than Channels' round trip
 REQUEST_TIMEOUT_S = 10.0
@@ -128,7 +129,7 @@ async def measure(
 ) -> tuple[Samples, dict[str, float], float, dict[str, Any]]:
     probes: dict[str, PubSubProbe | SocketProbe] = {
         f"pubsub{suffix(c)}": PubSubProbe(
-            redis_url, f"benchps{os.getpid()}{c}", c, f"pubsub{suffix(c)}"
+            redis_url, f"benchps{os.getpid()}{c}", f"pubsub{suffix(c)}"
         )
         for c in CLIENTS
     }

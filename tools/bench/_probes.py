@@ -1,5 +1,5 @@
 """Round trips the cross-instance benchmark times for scale, beside the hop itself: a raw pub/sub
-lap through ``RedisCoordination`` (either bus client), a bare socket PING, and Django Channels'
+lap through ``RedisCoordination`` (its bus client), a bare socket PING, and Django Channels'
 Redis pub/sub layer (``channels_probe``, in a process of its own: it is asyncio)."""
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ class Sink(Protocol):
 
 
 class PubSubProbe:
-    """PUBLISH on ``ping``; a second client's subscriber republishes on ``pong``; time the lap.
-    Both clients take ``bus_client`` for PUBLISH and SUBSCRIBE."""
+    """PUBLISH on ``ping``; a second client's subscriber republishes on ``pong``; time the lap."""
 
-    def __init__(self, url: str, prefix: str, bus_client: str, kind: str) -> None:
+    def __init__(self, url: str, prefix: str, kind: str) -> None:
         self.url = url
         self.prefix = prefix
-        self.bus_client = bus_client
         self.kind = kind
         self._waiting: dict[bytes, trio.Event] = {}
         self._received: dict[bytes, float] = {}
@@ -37,10 +35,9 @@ class PubSubProbe:
         self.sender: RedisCoordination | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        client = {"key_prefix": self.prefix, "bus_client": self.bus_client}
         async with (
-            RedisCoordination(self.url, **client) as sender,
-            RedisCoordination(self.url, **client) as echoer,
+            RedisCoordination(self.url, key_prefix=self.prefix) as sender,
+            RedisCoordination(self.url, key_prefix=self.prefix) as echoer,
             sender.pubsub.subscribe("pong") as pongs,
             echoer.pubsub.subscribe("ping") as pings,
             trio.open_nursery() as nursery,

@@ -1,32 +1,31 @@
 """Open-loop latency of a request that crosses instances over the Redis bus, against one that
-does not, side by side, for each of the two Redis clients the pub/sub bus can take (the lean one,
-the default, and coredis: ``GEMMANET_REDIS_BUS_CLIENT``); with raw round trips for scale.
+does not, side by side, on the pub/sub bus's Redis client (the lean one, named ``lean`` in the
+report); with raw round trips for scale.
 
-Two pairs of coordinator instances share a private ``redis-server`` (``GEMMANET_MULTI_INSTANCE=1``,
-a key prefix per pair): A and B on the lean client, A2 and B2 on coredis. In each pair an echo
-node (0 ms) serving model ``remote`` is connected to A, one serving ``local`` to B; all requests go
-to B, so ``remote`` takes the hop B -> A -> node -> A -> B over the bus and ``local`` does not.
+A pair of coordinator instances, A and B, share a private ``redis-server``
+(``GEMMANET_MULTI_INSTANCE=1``, a key prefix of its own). An echo node (0 ms) serving model
+``remote`` is connected to A, one serving ``local`` to B; all requests go to B, so ``remote`` takes the hop B -> A -> node -> A -> B over the bus and ``local`` does not.
 Requests are sent on a fixed schedule whatever the answers do (open loop), the kinds interleaved
 in every cycle, and each latency is taken from the *scheduled* send time, so a stall delays every
 request scheduled during it (no coordinated omission). In the same cycles, for scale: a raw
 pub/sub round trip (PUBLISH ping -> a subscriber republishes -> PUBLISH pong received) through
-two ``RedisCoordination`` clients in this process on each bus client, a PING over a bare socket,
+two ``RedisCoordination`` clients in this process, a PING over a bare socket,
 and, when ``channels_redis`` is installed (the ``bench`` extra), the same lap through Django
 Channels' Redis pub/sub layer (``channels_probe``, its own asyncio process, same rate and span).
 
 Then the CPU cost of the hop, in closed-loop rounds (``--concurrency`` client tasks, one
-request after another) alternating ``remote`` and ``local`` on each pair: the CPU of A and B
+request after another) alternating ``remote`` and ``local``: the CPU of A and B
 together per answered request (each process's too: nodes, redis-server, the client), and the
 ratio remote/local of the two instances together (the aim: at most 1.6). ``--py-spy DIR``
-profiles A and B over an extra remote round of the lean pair and B over an extra local one
+profiles A and B over an extra remote round and B over an extra local one
 (after the measured rounds, so py-spy's own CPU stays out of them).
 
     python -m tools.bench.cross_instance [--rate R] [--duration S] [--cpu-duration S] [--json FILE]
     python -m tools.bench.cross_instance --py-spy /tmp/prof   # + profiles of A and B
     python -m tools.bench.cross_instance --quick     # ~20 s, for smoke use
 
-``--rate`` is the request rate to each B, split evenly between the two models (default 50 req/s:
-25/s remote + 25/s local per pair; every other kind 25/s too).
+``--rate`` is the request rate to B, split evenly between the two models (default 50 req/s:
+25/s remote + 25/s local; every other kind 25/s too).
 """
 
 import argparse
@@ -137,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             coordinators = []
             for client in CLIENTS:
                 x = "" if client == CLIENTS[0] else "2"
-                pair = {"GEMMANET_REDIS_BUS_CLIENT": client,
-                        "GEMMANET_KEY_PREFIX": f"bench{os.getpid()}{client}"}  # fmt: skip
+                pair = {"GEMMANET_KEY_PREFIX": f"bench{os.getpid()}{client}"}
                 a = harness.coordinator(f"instance-A{x}", GEMMANET_INSTANCE_ID=f"A{x}", **pair)
                 b = harness.coordinator(f"instance-B{x}", GEMMANET_INSTANCE_ID=f"B{x}", **pair)
                 wait_until(

@@ -17,9 +17,13 @@ every ``refresh_s`` while it is open; ``send`` appends only while the presence e
 ``retention_s`` after the last send or refresh. A listen that is *lost* — its iterator raised
 ``CoordinationUnavailable`` (see ``drop``), or the block was left by that error — leaves the
 presence to expire by itself, so what is sent until then waits, and the next ``listen`` of the
-same ``MemoryBus`` object continues after the last entry it delivered. A listen closed any other
-way withdraws the presence at once. Entry ids count up across the hub and never repeat, so
-unlike Redis after a restart, an inbox that expired and came back has only newer ids.
+same ``MemoryBus`` object continues after the last entry it delivered; it is ``resumed`` when no
+envelope was refused for want of a presence since the lost listen began (the hub counts them,
+as StreamsBus records them) and nothing was trimmed. A refusal while a listen is open (its
+presence lapsed: a refresh held up for a TTL) cuts it like ``drop``. A listen closed any other
+way withdraws the presence at once. (StreamsBus's tolerance of a Redis stall has no
+counterpart here: a refusal is always believed.) Entry ids count up across the hub and never
+repeat, so unlike Redis after a restart, an inbox that expired and came back has only newer ids.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import trio
 from coordinator.coordination.base import CoordinationUnavailable, Subscription
 from coordinator.coordination.bus.base import Bus
 from coordinator.coordination.bus.memory_hub import ZERO, Clock, MemoryBusHub
+from coordinator.core.liveness import STREAMS_PRESENCE_TTL_S, STREAMS_REFRESH_S
 
 __all__ = ["MemoryBus", "MemoryBusHub", "MemoryInbox"]
 
@@ -123,8 +128,8 @@ class MemoryBus(Bus):
         *,
         hub: MemoryBusHub | None = None,
         durable: bool = False,
-        presence_ttl_s: float = 2.0,
-        refresh_s: float = 0.5,
+        presence_ttl_s: float = STREAMS_PRESENCE_TTL_S,
+        refresh_s: float = STREAMS_REFRESH_S,
         maxlen: int = 10_000,
         retention_s: float = 60.0,
         listener_buffer: int = DEFAULT_LISTENER_BUFFER,
@@ -147,6 +152,8 @@ class MemoryBus(Bus):
         self._last_ids: dict[str, int] = {}
         #: the presence token of a durable listen that was lost, per instance id
         self._lost_tokens: dict[str, int] = {}
+        #: the refusal count the current (or lost) durable listen started from (StreamsBus)
+        self._refusals: dict[str, int] = {}
         self._open: dict[str, MemoryInbox] = {}
         self._killed = False
 
@@ -155,7 +162,7 @@ class MemoryBus(Bus):
 
     @property
     def resume_window_s(self) -> float:  # type: ignore[override]
-        """As ``StreamsBus``: durable, a lost listen resumes until its presence lapses."""
+        """As ``StreamsBus``: durable, a lost listen resumes while nothing was refused for it."""
         return self.presence_ttl_s if self.durable else 0.0
 
     def last_delivered(self, instance_id: str) -> int | None:
@@ -254,9 +261,11 @@ class MemoryBus(Bus):
         # after it. A re-listen after a lost one takes over its token (see StreamsBus).
         lost_token = self._lost_tokens.pop(instance_id, None)
         token = self.hub.new_token() if lost_token is None else lost_token
-        held = self.hub.refresh(instance_id, token, self.presence_ttl_s, self.retention_s)
+        refused = self.hub.refresh(instance_id, token, self.presence_ttl_s, self.retention_s)
+        unrefused = self._refusals.get(instance_id) == refused
+        self._refusals[instance_id] = refused
         inbox = MemoryInbox(self, instance_id, 1)
-        inbox.resumed = lost_token is not None and held and gapless
+        inbox.resumed = lost_token is not None and unrefused and gapless
         self._open[instance_id] = inbox
         return token, inbox
 
@@ -282,7 +291,12 @@ class MemoryBus(Bus):
             except CoordinationUnavailable as exc:
                 log.debug("could not refresh the presence of inbox %s: %s", instance_id, exc)
                 continue
-            self.hub.refresh(instance_id, token, self.presence_ttl_s, self.retention_s)
+            refused = self.hub.refresh(instance_id, token, self.presence_ttl_s, self.retention_s)
+            inbox = self._open.get(instance_id)
+            if refused != self._refusals.get(instance_id) and inbox is not None:
+                # Its presence lapsed and an envelope for it was refused: lost (StreamsBus).
+                inbox.cut(lost=True)
+                return
 
 
 class _DurableListen(AbstractAsyncContextManager[Subscription]):

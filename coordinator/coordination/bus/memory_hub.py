@@ -46,6 +46,9 @@ class MemoryBusHub:
         self._streams: dict[str, _Stream] = {}
         self._presence: dict[str, _Presence] = {}
         self._appended: dict[str, trio.Event] = {}
+        #: envelopes ``append`` refused for want of a presence, per inbox (StreamsBus's
+        #: refusal record: a listen compares it with the count it started from)
+        self._refused: dict[str, int] = {}
         self._next_token = 1
         self._next_entry_id = 1
         #: pub/sub payloads lost because a listener's buffer was full
@@ -98,16 +101,20 @@ class MemoryBusHub:
         self._tick()
         return instance_id in self._presence
 
-    def refresh(self, instance_id: str, token: int, ttl_s: float, retention_s: float) -> bool:
-        """Set the presence (whoever held it) and push back the inbox's expiry. Whether the
-        presence already held ``token`` (it never lapsed)."""
+    def refresh(self, instance_id: str, token: int, ttl_s: float, retention_s: float) -> int:
+        """Set the presence (whoever held it) and push back the inbox's expiry. How many
+        envelopes for the inbox were refused so far (as StreamsBus's refusal record)."""
         now = self._tick()
-        before = self._presence.get(instance_id)
         self._presence[instance_id] = _Presence(token, now + ttl_s)
         stream = self._streams.get(instance_id)
         if stream is not None:
             stream.deadline = now + retention_s
-        return before is not None and before.token == token
+        return self._refused.get(instance_id, 0)
+
+    def lapse(self, instance_id: str) -> None:
+        """The presence expires now, as if its refreshes had stopped for a TTL (a fault the
+        tests inflict on a listen that goes on)."""
+        self._presence.pop(instance_id, None)
 
     def withdraw(self, instance_id: str, token: int) -> None:
         """Delete the presence if it is still ``token``'s (a newer listen's stays)."""
@@ -117,9 +124,10 @@ class MemoryBusHub:
             del self._presence[instance_id]
 
     def append(self, instance_id: str, payload: bytes, *, maxlen: int, retention_s: float) -> int:
-        """Append while the presence exists (1), else nothing (0)."""
+        """Append while the presence exists (1), else nothing (0: refused, and counted)."""
         now = self._tick()
         if instance_id not in self._presence:
+            self._refused[instance_id] = self._refused.get(instance_id, 0) + 1
             return 0
         stream = self._streams.get(instance_id)
         if stream is None:

@@ -1,6 +1,6 @@
 """The instance bus on Redis Streams (``GEMMANET_BUS=streams``), Redis-only.
 
-Keys (under the backend's prefix, like every other key):
+Keys (under the backend's prefix, like every other key; the scripts are in streams_scripts.py):
 
 * ``inst:stream:{instance}`` — the inbox: a stream whose entries carry the envelope in field
   ``p``. ``send`` appends with ``XADD MAXLEN ~ maxlen`` (approximate trimming: the stream holds
@@ -8,38 +8,68 @@ Keys (under the backend's prefix, like every other key):
   listener keeps pushing back, so the inbox of an instance that never comes back disappears.
 * ``inst:listening:{instance}`` — presence: set with a ``presence_ttl_s`` TTL when ``listen``
   opens, refreshed every ``refresh_s`` while the block is open, deleted when it closes.
+* ``inst:refused:{instance}`` — the server time ``send`` last refused an envelope for it.
 
-``send`` appends only while the target's presence key exists (one Lua script, atomic) and
-returns 1, else it appends nothing and returns 0 — the same "nobody there" signal as PUBLISH's
-receiver count, which the cluster uses to re-place a task at once. ``is_listening`` reads the
-presence key, so a killed instance (whose key is no longer refreshed) reads as gone at most
-``presence_ttl_s`` after its last refresh.
+``send`` appends only while the target's presence key exists (atomically) and returns 1, else
+it appends nothing, records the refusal and returns 0 — the same "nobody there" signal as
+PUBLISH's receiver count, which the cluster uses to re-place a task at once. ``is_listening``
+reads the presence key. It and the listener's refreshes run on the link's "presence" lane,
+never queued behind request traffic (``send`` stays on the main one: it carries the payload).
 
-A missing presence key is believed only after Redis was seen responsive for a whole
-``presence_ttl_s`` (the rule of ``core/liveness.py``: silence counts over responsive time
-only). A Redis paused for longer than the TTL lets every live listener's key expire at once, and
-the first reads after it may come before their refreshes. So this bus watches its own refreshes
-(its listen's, every ``refresh_s``): one that failed, took longer than ``stall_s`` or came more
-than ``refresh_s + stall_s`` after the previous one, or a listen lost to a read that timed out,
-is a stall, and the count starts again at the next refresh that succeeds. Until it reaches
-``presence_ttl_s``, ``is_listening`` reads a missing key as "still listening" and ``send``
-appends all the same (the listener resumes the stream when it listens again; the stream of one
-that never does expires after ``retention_s``): a peer that is really gone is then found by
-the membership's beats. A bus that has seen no stall (it never listened, or every refresh was
-prompt) believes what it reads.
+Timing, with the defaults of ``core/liveness.py`` (TTL T = 1 s, refresh r = 0.25 s) and the
+stall allowance s = (T - 2r) / 2 = 0.25 s (the arithmetic is in stall_watch.py):
+
+* A killed listener refreshed last before it died: its key is gone at most T = 1 s after the
+  kill, and from then on ``send`` answers 0 and ``is_listening`` False (to a sender that
+  believes absences, below). The liveness judge adds its sweep: 1.9 s (``failover_bound_s``).
+* A live listener sends each refresh r after the previous one answered, so two of them run at
+  most r + late + rtt apart (late: how far behind its timer the loop ran it). Its key lives on
+  while late + rtt < T - r = 0.75 s: a late refresh costs nothing up to there.
+* A stall long enough to lapse a live key (Redis paused, or the box descheduling everyone,
+  for T - r - late) is seen by this bus when it lasts more than r + s = 0.5 s, so it goes unseen
+  only for a listener that was itself more than s late. For T after a stall seen,
+  ``is_listening`` reads a missing key as "still listening" and ``send`` appends all the same
+  (the listener resumes the stream when it listens again; the stream of one that never does
+  expires after ``retention_s``). The price is latency: a peer really killed in or just before
+  the stall is seen gone up to one T later, and is found by the membership's beats meanwhile;
+  never a live peer called gone. A listener alone frozen for 0.75 s while Redis and its
+  senders run is judged gone, like an instance whose beats stop for ``alive_ttl_s``.
+
+Stall evidence (the rule of ``core/liveness.py``: silence counts over responsive time only):
+a refresh of this bus's listen that failed, took longer than s or came more than r + s after
+the previous one; a listen lost to a read that timed out; an ``is_listening`` or ``send`` whose
+answer took longer than s; and, looked at as an absence is read, a refresh of its own that is
+outstanding for more than s, or no refresh answered for r + s (a stall under way shows in a
+refresh's timing only once it ends). Absence is believed again once refreshes have been prompt
+for a whole T. A bus that has seen no stall (it never listened, or every refresh was prompt)
+believes what it reads.
+
+``send`` first only asks: its script appends to a present listener and refuses nothing; only
+when the absence is still believed after the answer came back is the refusal made (and
+recorded), else the envelope is appended after all. So a send that went out just before a
+stall and came back after it refuses nothing, though its target's key lapsed in the stall.
+
+The refusal record makes the lapse of a *live* listener explicit: a listen remembers the record
+it started from, and every refresh reads it. If it changed while the listen was open (a refresh
+came 0.75 s late and a sender that saw no stall was told nobody listens), the inbox raises
+``CoordinationUnavailable`` like a lost connection and the re-listen is not ``resumed``, so the
+cluster fails the tasks whose answers may have been refused instead of waiting for them.
 
 ``listen`` reads with ``XREAD BLOCK`` on a connection of its own, starting at the stream's end
-when first opened. A lost connection makes the iterator raise ``CoordinationUnavailable`` and
-leaves the presence key to expire by itself, so senders keep appending for ``presence_ttl_s``:
-a re-``listen`` (same ``StreamsBus`` object) continues after the last entry it delivered and
-loses nothing that was sent meanwhile. That is the difference from pub/sub, where a subscriber
-that reconnects has missed whatever was published in between.
+when first opened. A lost connection makes the iterator raise ``CoordinationUnavailable``
+(``CoordinationTimeout`` when the read timed out) and leaves the presence key to expire by
+itself, so senders keep appending for T: a re-``listen`` (same ``StreamsBus`` object) continues
+after the last entry it delivered and is ``resumed`` — nothing lost — when the refusal record is
+the one its lost listen started from and the stream kept every entry after the last one read.
+A Redis pause longer than T lapses the key, but every sender saw the pause and refused nothing,
+so the listen resumes after it all the same (the cluster's reader listens again for as long as
+Redis does not answer, ``runtime/cluster/bus_reader.py``). That is the difference from pub/sub, where a
+subscriber that reconnects has missed whatever was published in between.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator
@@ -50,101 +80,36 @@ import trio
 
 from coordinator.coordination.base import CoordinationUnavailable, Subscription
 from coordinator.coordination.bus.base import Bus
-from coordinator.coordination.keys import listening_key, stream_key
+from coordinator.coordination.bus.stall_watch import StallWatch
+from coordinator.coordination.bus.streams_scripts import (
+    FIELD,
+    REFRESH,
+    SEND,
+    STREAM_STATE,
+    ZERO,
+    EntryId,
+    format_id,
+    parse_id,
+)
+from coordinator.coordination.bus.streams_scripts import entries as read_entries
+from coordinator.coordination.bus.streams_scripts import payload as entry_payload
+from coordinator.coordination.keys import listening_key, refused_key, stream_key
 from coordinator.coordination.redis.connect.dedicated import (
     DedicatedConnection,
     dedicated_connection,
 )
 from coordinator.coordination.redis.connect.link import RedisLink
 from coordinator.coordination.redis.key_value import RedisKeyValue
-from coordinator.coordination.redis.scripts import LuaScript
+from coordinator.core.liveness import STREAMS_PRESENCE_TTL_S, STREAMS_REFRESH_S
 from coordinator.errors import CoordinationTimeout
 
 __all__ = ["StreamInbox", "StreamsBus", "listening_key", "stream_key"]
 
 log = logging.getLogger(__name__)
 
-FIELD = b"p"
-
-EntryId = tuple[int, int]
-ZERO: EntryId = (0, 0)
-
-# KEYS[1] presence key, KEYS[2] stream; ARGV[1] payload, ARGV[2] MAXLEN, ARGV[3] stream TTL ms,
-# ARGV[4] '1' when the sender cannot believe an absent presence (a stall may have expired it):
-# then it appends all the same.
-SEND = LuaScript(
-    "streams_bus_send",
-    b"""
-if redis.call('EXISTS', KEYS[1]) == 0 and ARGV[4] ~= '1' then return 0 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'p', ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return 1
-""".strip(),
-)
-
-# KEYS[1] presence key, KEYS[2] stream; ARGV[1] token, ARGV[2] presence TTL ms,
-# ARGV[3] stream TTL ms. Returns 1 when the presence already held this token (it never lapsed,
-# so no sender was told that nobody listens), else 0.
-REFRESH = LuaScript(
-    "streams_bus_refresh",
-    b"""
-local held = redis.call('GET', KEYS[1]) == ARGV[1]
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-if held then return 1 end
-return 0
-""".strip(),
-)
-
-
-# KEYS[1] stream. Returns {} when it does not exist, else {newest id, oldest id, length,
-# entries ever added (-1 before Redis 7)}: one atomic look, so a trim cannot fall in between.
-STREAM_STATE = LuaScript(
-    "streams_bus_state",
-    b"""
-if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-local state = {'0-0', '0-0', 0, -1}
-for i = 1, #info, 2 do
-  local name, value = info[i], info[i + 1]
-  if name == 'last-entry' and value then state[1] = value[1]
-  elseif name == 'first-entry' and value then state[2] = value[1]
-  elseif name == 'length' then state[3] = value
-  elseif name == 'entries-added' then state[4] = value end
-end
-return state
-""".strip(),
-)
-
-
-def _parse_id(raw: bytes | str) -> EntryId:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _format_id(entry_id: EntryId) -> bytes:
-    return b"%d-%d" % entry_id
-
-
-def _entries(reply: Any) -> list[Any]:
-    """The entries of a one-stream XREAD reply (RESP3 map or RESP2 array; None: timed out)."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return [entry for entries in reply.values() for entry in entries]
-    return [entry for _, entries in reply for entry in entries]
-
-
-def _payload(fields: Any) -> bytes | None:
-    if isinstance(fields, dict):
-        value = fields.get(FIELD)
-        return value if isinstance(value, bytes) else None
-    values = list(fields)
-    for i in range(0, len(values) - 1, 2):
-        if values[i] == FIELD and isinstance(values[i + 1], bytes):
-            return values[i + 1]  # type: ignore[no-any-return]
-    return None
+#: ``SEND``'s modes: append whatever the presence says (a stall may have expired it), append
+#: to a present listener only and refuse nothing, or append to a present one and else refuse
+APPEND, ASK, REFUSE = b"append", b"ask", b"refuse"
 
 
 class StreamsBus(Bus):
@@ -157,14 +122,14 @@ class StreamsBus(Bus):
         link: RedisLink,
         *,
         maxlen: int = 10_000,
-        presence_ttl_s: float = 2.0,
-        refresh_s: float = 0.5,
+        presence_ttl_s: float = STREAMS_PRESENCE_TTL_S,
+        refresh_s: float = STREAMS_REFRESH_S,
         block_ms: int = 1000,
         read_count: int = 100,
         retention_s: float = 60.0,
     ) -> None:
-        if not 0 < refresh_s < presence_ttl_s:
-            raise ValueError("refresh_s must be positive and shorter than presence_ttl_s")
+        if not 0 < 2 * refresh_s < presence_ttl_s:
+            raise ValueError("refresh_s must be positive and shorter than presence_ttl_s / 2")
         if maxlen < 1 or read_count < 1 or block_ms < 1:
             raise ValueError("maxlen, read_count and block_ms must be positive")
         if not retention_s > presence_ttl_s:
@@ -180,13 +145,10 @@ class StreamsBus(Bus):
         self._last_ids: dict[str, EntryId] = {}
         #: the presence token of a listen that was lost, per instance id, for its re-listen
         self._lost_tokens: dict[str, bytes] = {}
-        # Presence evidence (module docstring): a refresh slower than this, or this much later
-        # than due, is a stall (half the slack a live key has before it expires)
-        self.stall_s = (presence_ttl_s - refresh_s) / 2
-        # since when Redis was seen responsive without a stall (None: trouble right now; -inf:
-        # no stall seen yet)
-        self._responsive_since: float | None = -math.inf
-        self._last_refresh_at: float | None = None
+        #: the refusal record the current (or lost) listen of each instance id started from
+        self._refusals: dict[str, bytes | None] = {}
+        #: presence evidence: whether a missing key may be believed (module docstring)
+        self.watch = StallWatch(presence_ttl_s=presence_ttl_s, refresh_s=refresh_s)
 
     def __repr__(self) -> str:
         return f"StreamsBus({self._redis!r})"
@@ -194,54 +156,67 @@ class StreamsBus(Bus):
     @property
     def resume_window_s(self) -> float:  # type: ignore[override]
         """A lost listen's presence lapses ``presence_ttl_s`` after its last refresh at the
-        latest; a re-listen before that, on a stream that kept every entry after the last one
-        delivered, resumes with nothing lost."""
+        latest, after which a prompt sender may refuse (and record) envelopes for it; a
+        re-listen that finds no refusal recorded, on a stream that kept every entry after the
+        last one delivered, resumes with nothing lost."""
         return self.presence_ttl_s
 
     def last_delivered(self, instance_id: str) -> str | None:
         """Id of the last entry ``listen(instance_id)`` delivered (or started after)."""
         entry_id = self._last_ids.get(instance_id)
-        return None if entry_id is None else _format_id(entry_id).decode()
+        return None if entry_id is None else format_id(entry_id).decode()
 
     # -- Bus --------------------------------------------------------------------------------
 
     async def send(self, instance_id: str, payload: bytes) -> int:
-        unsure = "0" if self.absence_believed() else "1"
-        reply = await self._redis.run_script(
-            SEND,
-            [self._redis.redis_key(listening_key(instance_id)), self._stream(instance_id)],
-            [payload, self.maxlen, self._ms(self.retention_s), unsure],
-        )
-        return int(reply)
+        sent = trio.current_time()
+        if not self.absence_believed():
+            return await self._send(instance_id, payload, APPEND)
+        if await self._send(instance_id, payload, ASK):
+            return 1
+        # Nobody there, as the answer says. Still believed now that it is in (it came back
+        # promptly, and no stall of ours showed up meanwhile)? Then refuse; else append.
+        believed = self.watch.answered(sent, trio.current_time()) and self.absence_believed()
+        return await self._send(instance_id, payload, REFUSE if believed else APPEND)
 
     async def is_listening(self, instance_id: str) -> bool:
-        present = await self._keys.get(listening_key(instance_id)) is not None
-        return present or not self.absence_believed()
+        link, sent = self._redis, trio.current_time()
+        key = link.redis_key(listening_key(instance_id))
+        present = await link.guarded(
+            "GET", lambda op: link.request(op, b"GET", key, lane="presence")
+        )
+        # Looked at after the answer came back: a slow answer, or a refresh of ours that is
+        # late meanwhile, means the key may have lapsed in a stall.
+        prompt = self.watch.answered(sent, trio.current_time())
+        return present is not None or not (prompt and self.absence_believed())
 
     def absence_believed(self) -> bool:
         """Whether a missing presence key means its listener is gone: this bus saw no stall,
-        or its refreshes found Redis responsive for ``presence_ttl_s`` since the last one
-        (module docstring)."""
-        since = self._responsive_since
-        return since is not None and trio.current_time() - since >= self.presence_ttl_s
+        or its refreshes found Redis responsive for ``presence_ttl_s`` since the last one,
+        and no refresh of its own is late right now (module docstring)."""
+        return self.watch.believed(trio.current_time())
 
     def listen(self, instance_id: str) -> AbstractAsyncContextManager[Subscription]:
         return self._listen(instance_id)
 
     async def held_by_live_process(self, instance_id: str) -> bool:
         """The presence key outlives a killed listener by up to ``presence_ttl_s``, so its
-        existence alone cannot tell a live process from a killed one. A live one refreshes it
-        every ``refresh_s``: watch its TTL for two refresh periods; refreshed means alive,
-        counting down (or gone) means the holder is dead and its id is free."""
+        existence alone cannot tell a live process from a killed one. A live one refreshes it:
+        watch its TTL until it goes up (refreshed: alive) or the key is gone (its holder is
+        dead and its id is free). Not refreshed, it counts down and is gone within its TTL,
+        so the wait is at most one TTL, however late a live listener's refreshes come."""
         key = self._redis.redis_key(listening_key(instance_id))
-        first = await self._pttl(key)
-        if first < 0:
-            return False
-        waited = 2 * self.refresh_s
-        await trio.sleep(waited)
-        second = await self._pttl(key)
-        # Not refreshed: second ~ first - waited. Refreshed: second >= ttl - refresh_s.
-        return second >= 0 and second > first - self._ms(waited) + self._ms(self.refresh_s) / 2
+        previous = await self._pttl(key)
+        deadline = trio.current_time() + self.presence_ttl_s + self.refresh_s
+        while previous >= 0:
+            if trio.current_time() > deadline:
+                return True  # never counted down to nothing: somebody keeps it
+            await trio.sleep(self.refresh_s / 2)
+            current = await self._pttl(key)
+            if current > previous:
+                return True
+            previous = current
+        return False
 
     async def _pttl(self, key: str) -> int:
         return int(await self._redis.execute("PTTL", b"PTTL", key))
@@ -252,26 +227,48 @@ class StreamsBus(Bus):
     def _ms(seconds: float) -> int:
         return max(1, round(seconds * 1000))
 
+    def _inbox_keys(self, instance_id: str) -> list[str]:
+        """The keys every script of an inbox takes (streams_scripts.py), in their order."""
+        key = self._redis.redis_key
+        return [
+            key(listening_key(instance_id)),
+            self._stream(instance_id),
+            key(refused_key(instance_id)),
+        ]
+
     def _stream(self, instance_id: str) -> str:
         return self._redis.redis_key(stream_key(instance_id))
+
+    async def _send(self, instance_id: str, payload: bytes, mode: bytes) -> int:
+        reply = await self._redis.run_script(
+            SEND,
+            self._inbox_keys(instance_id),
+            [payload, self.maxlen, self._ms(self.retention_s), mode],
+        )
+        return int(reply)
 
     @asynccontextmanager
     async def _listen(self, instance_id: str) -> AsyncIterator[StreamInbox]:
         presence = listening_key(instance_id)
-        # A re-listen after a lost one takes over its presence token: finding the presence
-        # still holding it proves no sender was told "nobody listens" in between.
-        lost_token = self._lost_tokens.pop(instance_id, None)
+        # A re-listen after a lost one takes over its presence token (the close deletes the
+        # presence only while it holds that token) and compares the refusal record with the
+        # one the lost listen started from. Nothing of that changes until the listen is open:
+        # an attempt that fails (Redis silent) leaves the next one the same to go by.
+        lost_token = self._lost_tokens.get(instance_id)
         token = lost_token or secrets.token_hex(8).encode()
         async with dedicated_connection(self._redis, self._redis.redis_key(presence)) as connection:
             start, gapless = await self._start_after(instance_id)
-            self._last_ids[instance_id] = start
             # Present only once the start id is fixed: whatever is appended from now on
             # comes after it.
-            presence_held = await self._probe(instance_id, token)
+            record = await self._probe(instance_id, token)
+            self._lost_tokens.pop(instance_id, None)
+            self._last_ids[instance_id] = start
+            unrefused = instance_id in self._refusals and self._refusals[instance_id] == record
+            self._refusals[instance_id] = record
             inbox = StreamInbox(self, instance_id, connection)
-            inbox.resumed = lost_token is not None and presence_held and gapless
+            inbox.resumed = lost_token is not None and unrefused and gapless
             keep_present = trio.CancelScope()
-            self._redis.start_soon(self._keep_present, instance_id, token, keep_present)
+            self._redis.start_soon(self._keep_present, instance_id, token, inbox, keep_present)
             try:
                 yield inbox
             finally:
@@ -279,7 +276,7 @@ class StreamsBus(Bus):
                 if inbox.lost:
                     self._lost_tokens[instance_id] = token
                     if inbox.timed_out:  # Redis stalled: count again from the next refresh
-                        self._responsive_since = None
+                        self.watch.read_timed_out()
                 else:
                     # Closed on purpose: senders learn at once that nobody listens. (After a
                     # lost connection the key expires by itself, so that what is sent until
@@ -295,7 +292,7 @@ class StreamsBus(Bus):
         end when this object never listened there (older entries were not meant for us).
         And whether nothing after the last delivered entry can be missing."""
         state = await self._redis.run_script(STREAM_STATE, [self._stream(instance_id)], [])
-        top = _parse_id(state[0]) if state and int(state[2]) > 0 else None
+        top = parse_id(state[0]) if state and int(state[2]) > 0 else None
         last = self._last_ids.get(instance_id)
         if last is None:
             return top or ZERO, False
@@ -306,48 +303,52 @@ class StreamsBus(Bus):
         # MAXLEN trimming may have dropped entries never read: nothing is missing when the
         # stream was never trimmed, or when its oldest entry is not newer than the last read.
         never_trimmed = int(state[3]) == int(state[2])
-        return last, never_trimmed or _parse_id(state[1]) <= last
+        return last, never_trimmed or parse_id(state[1]) <= last
 
-    async def _refresh(self, instance_id: str, token: bytes) -> bool:
-        """Set the presence (and push back the stream's TTL); whether it already held
-        ``token``."""
-        held = await self._redis.run_script(
-            REFRESH,
-            [self._redis.redis_key(listening_key(instance_id)), self._stream(instance_id)],
-            [token, self._ms(self.presence_ttl_s), self._ms(self.retention_s)],
-        )
-        return bool(int(held))
-
-    async def _probe(self, instance_id: str, token: bytes) -> bool:
-        """``_refresh``, timed: the evidence ``absence_believed`` goes by."""
-        sent = trio.current_time()
+    async def _probe(self, instance_id: str, token: bytes) -> bytes | None:
+        """Set the presence (and push back the stream's TTL), timed: the evidence
+        ``absence_believed`` goes by. Returns the refusal record."""
+        self.watch.refresh_sent(trio.current_time())
         try:
-            held = await self._refresh(instance_id, token)
+            record = await self._redis.run_script(
+                REFRESH,
+                self._inbox_keys(instance_id),
+                [token, self._ms(self.presence_ttl_s), self._ms(self.retention_s)],
+                lane="presence",
+            )
         except CoordinationUnavailable:
-            self._responsive_since = self._last_refresh_at = None
+            self.watch.refresh_failed()
             raise
         except BaseException:
-            # Cancelled (the listen ended): a stall only if it had been waiting that long.
-            if trio.current_time() - sent > self.stall_s:
-                self._responsive_since = self._last_refresh_at = None
+            self.watch.refresh_cancelled(trio.current_time())
             raise
-        done = trio.current_time()
-        previous, self._last_refresh_at = self._last_refresh_at, done
-        prompt = done - sent <= self.stall_s and (
-            previous is None or done - previous <= self.refresh_s + self.stall_s
-        )
-        if not prompt or self._responsive_since is None:
-            self._responsive_since = done
-        return held
+        self.watch.refresh_done(trio.current_time())
+        return record if isinstance(record, bytes) else None
 
-    async def _keep_present(self, instance_id: str, token: bytes, scope: trio.CancelScope) -> None:
+    async def _keep_present(
+        self, instance_id: str, token: bytes, inbox: StreamInbox, scope: trio.CancelScope
+    ) -> None:
         with scope:
-            while True:
-                await trio.sleep(self.refresh_s)
-                try:
-                    await self._probe(instance_id, token)
-                except CoordinationUnavailable as exc:
-                    log.debug("could not refresh the presence of inbox %s: %s", instance_id, exc)
+            self.watch.keeping_present = True
+            try:
+                while True:
+                    await trio.sleep(self.refresh_s)
+                    try:
+                        record = await self._probe(instance_id, token)
+                    except CoordinationUnavailable as exc:
+                        log.debug(
+                            "could not refresh the presence of inbox %s: %s", instance_id, exc
+                        )
+                        continue
+                    if record != self._refusals.get(instance_id):
+                        log.warning(
+                            "inbox %s: its presence lapsed and an envelope for it was refused",
+                            instance_id,
+                        )
+                        inbox.cut()
+                        return
+            finally:
+                self.watch.keeping_present = False
 
     async def _read(self, instance_id: str, connection: DedicatedConnection) -> list[Any]:
         reply = await connection.execute(
@@ -359,10 +360,10 @@ class StreamsBus(Bus):
             self.block_ms,
             b"STREAMS",
             self._stream(instance_id),
-            _format_id(self._last_ids[instance_id]),
+            format_id(self._last_ids[instance_id]),
             timeout_s=self.block_ms / 1000 + self._redis.op_timeout_s,
         )
-        return _entries(reply)
+        return read_entries(reply)
 
 
 class StreamInbox(Subscription):
@@ -377,6 +378,16 @@ class StreamInbox(Subscription):
         self.lost = False
         #: ... because a read timed out (Redis stalled), not because the connection closed
         self.timed_out = False
+        #: an envelope was refused while the listen was open: raise like a lost connection
+        self.refused = False
+        self._reading: trio.CancelScope | None = None
+
+    def cut(self) -> None:
+        """An envelope for this inbox was refused: end the listen as lost (see the module
+        docstring), after delivering what was already read."""
+        self.refused = True
+        if self._reading is not None:
+            self._reading.cancel()
 
     def __aiter__(self) -> StreamInbox:
         return self
@@ -385,26 +396,37 @@ class StreamInbox(Subscription):
         last_ids = self._bus._last_ids
         while True:
             while self._buffer:
-                entry_id, payload = self._buffer.popleft()
+                entry_id, found = self._buffer.popleft()
                 last_ids[self._instance_id] = entry_id
-                if payload is not None:
-                    return payload
+                if found is not None:
+                    return found
                 log.warning(
                     "skipped entry %s of inbox %s: no %r field", entry_id, self._instance_id, FIELD
                 )
+            if self.refused:
+                self.lost = True
             if self.lost:
                 raise self._lost_error()
+            scope = self._reading = trio.CancelScope()
             try:
-                entries = await self._bus._read(self._instance_id, self._connection)
+                with scope:
+                    batch = await self._bus._read(self._instance_id, self._connection)
             except CoordinationUnavailable as exc:
                 self.lost = True
                 self.timed_out = isinstance(exc, CoordinationTimeout)
                 raise self._lost_error() from exc
-            for raw_id, fields in entries:
-                self._buffer.append((_parse_id(raw_id), _payload(fields)))
+            finally:
+                self._reading = None
+            if scope.cancelled_caught:
+                continue  # cut: raised above
+            for raw_id, fields in batch:
+                self._buffer.append((parse_id(raw_id), entry_payload(fields)))
 
     def _lost_error(self) -> CoordinationUnavailable:
-        return CoordinationUnavailable(
-            f"lost the Redis stream inbox of {self._instance_id!r}; listening again resumes "
-            f"after entry {self._bus.last_delivered(self._instance_id)}"
+        message = (
+            f"lost the Redis stream inbox of {self._instance_id!r}"
+            + (" (an envelope for it was refused)" if self.refused else "")
+            + f"; listening again resumes after entry {self._bus.last_delivered(self._instance_id)}"
         )
+        # A read that timed out: Redis is silent, not gone (the cluster's reader waits it out).
+        return CoordinationTimeout(message) if self.timed_out else CoordinationUnavailable(message)

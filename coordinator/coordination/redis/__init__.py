@@ -8,8 +8,7 @@ leases.py        its leases and queues
 lease_scripts.py the Lua scripts of its leases and queues
 telemetry.py     its host telemetry histories (with their scripts)
 monitor.py       its monitor election and fenced facts (with their scripts)
-pubsub.py        its PUBLISH and SUBSCRIBE, on the lean path or coredis
-subscription.py  one subscription's connection and pump (coredis; Cluster and Sentinel)
+pubsub.py        its PUBLISH and SUBSCRIBE (the lean client, at the link's master)
 scripts.py       the Lua scripts of its compound operations
 acl.py           the least ACL rights of one instance (gemmanet redis-acl)
 connect/         its connections: lanes, timeouts, error mapping, Cluster, Sentinel, TLS

@@ -37,16 +37,12 @@ from coordinator.coordination.redis.key_value import RedisKeyValue
 from coordinator.coordination.redis.leases import RedisLeases
 from coordinator.coordination.redis.monitor import RedisMonitor
 from coordinator.coordination.redis.presence import RedisPresence
-from coordinator.coordination.redis.pubsub import (
-    BUS_CLIENTS,
-    DEFAULT_SUBSCRIBER_BUFFER,
-    RedisPubSub,
-)
+from coordinator.coordination.redis.pubsub import RedisPubSub
 from coordinator.coordination.redis.rate_limits import RedisRateLimits
 from coordinator.coordination.redis.telemetry import RedisTelemetry
 from coordinator.errors import SettingsError
 
-__all__ = ["BUS_CLIENTS", "RedisCoordination", "read_password_file", "redact_url"]
+__all__ = ["RedisCoordination", "read_password_file", "redact_url"]
 
 
 def read_password_file(password_file: str | None) -> str | None:
@@ -83,9 +79,7 @@ class RedisCoordination(Coordination):
         op_timeout_s: float = 1.0,
         subscription_keepalive_s: float = 5.0,
         subscription_stall_s: float = 10.0,
-        subscriber_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
         ssl_context: ssl.SSLContext | None = None,
-        bus_client: str = BUS_CLIENTS[0],
     ) -> None:
         #: the connections every role object of this bundle shares
         self.link = link = RedisLink(
@@ -96,11 +90,7 @@ class RedisCoordination(Coordination):
             ssl_context=ssl_context,
         )
         self.pubsub = RedisPubSub(
-            link,
-            bus_client=bus_client,
-            keepalive_s=subscription_keepalive_s,
-            stall_s=subscription_stall_s,
-            subscriber_buffer=subscriber_buffer,
+            link, keepalive_s=subscription_keepalive_s, stall_s=subscription_stall_s
         )
         self.key_value = RedisKeyValue(link)
         self.rate_limits = RedisRateLimits(link)
@@ -120,10 +110,7 @@ class RedisCoordination(Coordination):
         return cls(url, key_prefix=key_prefix, password=password, **kwargs)
 
     def __repr__(self) -> str:
-        return (
-            f"RedisCoordination(url={self.link.url!r}, key_prefix={self.link.key_prefix!r}, "
-            f"bus_client={self.pubsub.bus_client!r})"
-        )
+        return f"RedisCoordination(url={self.link.url!r}, key_prefix={self.link.key_prefix!r})"
 
     @property
     def op_observer(self) -> OpObserver | None:

@@ -108,9 +108,10 @@ async def refuse_a_running_id(bus: Bus, instance_id: str) -> None:
     its inbox and make cross-instance traffic to that id's nodes fail. The rule is the
     inbox's live listener (``Bus.held_by_live_process``), not the registry's fresh beat: a
     beat stays fresh for the TTL after a kill -9, while a killed listener stops counting
-    at once (pub/sub) or within two presence refreshes (streams), so a killed instance can
-    be restarted at once with its id. (Two processes starting in the same instant are not
-    caught; this guards against operator mistakes, it is no lock.)"""
+    at once (pub/sub) or as soon as its presence key is seen counting down to nothing
+    (streams: at most one presence TTL), so a killed instance can be restarted at once with
+    its id. (Two processes starting in the same instant are not caught; this guards against
+    operator mistakes, it is no lock.)"""
     try:
         taken = await bus.held_by_live_process(instance_id)
     except CoordinationUnavailable as exc:

@@ -4,19 +4,20 @@ public client API.
 Why below it: ``coredis.Redis`` wraps every command in a pool, retries and telemetry and managed
 ~5k GET/s with 50 trio tasks on the reference box, where one multiplexed connection does
 12-16k. So this module drives coredis *connections* (``BaseConnection.run``, ``create_request``,
-``send_command``, ``push_messages``, ``invalidate``) itself: it opens them in the backend's
-nursery, keeps one multiplexed connection per *lane* ("main" for commands, "presence" for
-beats and liveness reads, which must never queue behind request traffic), bounds every
-operation by ``op_timeout_s`` and maps every failure to ``CoordinationUnavailable``. coredis
-still does the hard parts: RESP3 parsing, pipelined writes, TLS and the HELLO/AUTH handshake.
-If coredis changes those internals, this module (and the subscription pump, which reads
-``push_messages``) is what to adapt.
+``send_command``, ``invalidate``) itself: it opens them in the backend's nursery, keeps one
+multiplexed connection per *lane* ("main" for commands, "presence" for beats and liveness
+reads, which must never queue behind request traffic), bounds every operation by
+``op_timeout_s`` and maps every failure to ``CoordinationUnavailable``. coredis still does the
+hard parts: RESP3 parsing, pipelined writes, TLS and the HELLO/AUTH handshake. If coredis
+changes those internals, this module is what to adapt.
 
 Every role object of the backend (``redis/*.py``) holds the one ``RedisLink`` of its bundle and
 reaches Redis through its public part: ``redis_key`` (the key prefix), ``execute`` and
 ``run_script`` (one guarded command or script), ``guarded`` and ``request`` (an operation of
 several steps), ``open_connection`` and ``track`` (connections of their own). So does the
-Streams bus (``bus/streams.py``), with ``dedicated.py`` for its blocking reads.
+Streams bus (``bus/streams.py``), with ``dedicated.py`` for its blocking reads, and the pub/sub
+bus (``pubsub.py``), whose own connections go where ``master`` says and report a MOVED to
+``rehome``.
 """
 
 from __future__ import annotations
@@ -217,9 +218,7 @@ class RedisLink:
         return self._nursery
 
     async def open_connection(self) -> BaseConnection:
-        if self.routed:
-            return await self._connect(await self._cluster_home())
-        return await self._connect(None)
+        return await self._connect(await self.master())
 
     async def _connect(
         self, location: TCPLocation | None, *, to_sentinel: bool = False
@@ -244,7 +243,12 @@ class RedisLink:
     # of that slot (CLUSTER SLOTS on any reachable node: discovery.py), send everything there,
     # and follow a MOVED (failover, resharding) by re-pointing every lane at the new master.
 
-    async def _cluster_home(self) -> TCPLocation:
+    async def master(self) -> TCPLocation | None:
+        """Where this link's connections go now (None: the URL's server, when not routed): the
+        master of the moment, found once and again after ``rehome``. The pub/sub bus's own
+        connections (``redis/lean/``) ask here too, so every connection follows one answer."""
+        if not self.routed:
+            return None
         home = self._home
         if home is not None:
             return home
@@ -265,8 +269,9 @@ class RedisLink:
             raise ResponseError(f"CLUSTERDOWN no master serves slot {self.home_slot}")
         return home
 
-    def _rehome(self, home: TCPLocation | None, why: str) -> None:
-        """Point the lanes at ``home`` (None: find it again on the next operation)."""
+    def rehome(self, home: TCPLocation | None, why: str) -> None:
+        """Point the lanes at ``home`` (None: find it again on the next operation); a MOVED
+        seen on a connection of its own (the bus's) is followed here too."""
         if not self.routed or home == self._home:
             return
         log.info("Redis master of slot %d now at %s (%s)", self.home_slot, home or "?", why)
@@ -327,7 +332,7 @@ class RedisLink:
             except MovedError as exc:
                 if not self.cluster or attempt == 2:
                     raise
-                self._rehome(TCPLocation(exc.host, exc.port), "MOVED")
+                self.rehome(TCPLocation(exc.host, exc.port), "MOVED")
                 continue
             op.waiting_on = None
             return reply
@@ -381,7 +386,7 @@ class RedisLink:
                     await trio.lowlevel.checkpoint_if_cancelled()
                 if not isinstance(exc, ResponseError) or str(exc).startswith("READONLY"):
                     # The master may have failed over: ask the cluster/sentinels again.
-                    self._rehome(None, f"{what} failed")
+                    self.rehome(None, f"{what} failed")
                 message = f"Redis at {self.url} failed on {what}: {describe(exc)}{acl_hint(exc)}"
                 # Slow, not down: a connect that timed out, or a connection dropped because
                 # another operation on it timed out (a refusal or a closed socket is down).
@@ -399,7 +404,7 @@ class RedisLink:
             # (replies come in order), and dropping it would fail every other operation on it.
             self._dropped_slow.add(op.waiting_on)
             op.waiting_on.invalidate(f"{what} timed out")
-            self._rehome(None, f"{what} timed out")
+            self.rehome(None, f"{what} timed out")
         raise CoordinationTimeout(
             f"Redis at {self.url} did not answer {what} within {timeout_s:g} s",
             silent_for_s=self._silent_for(),

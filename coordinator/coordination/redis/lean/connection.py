@@ -2,31 +2,34 @@
 
 Why: a pub/sub round trip through coredis cost 2.5/6.2 ms p50/p95 where a bare socket round trip
 took 0.3 ms on the same box (README, Benchmarks): the client library, not Redis, was the cost of
-the cross-instance hop. PUBLISH and SUBSCRIBE are the only commands on that hop, so only they
-take this path (``GEMMANET_REDIS_BUS_CLIENT=lean``, the default); everything else stays on
-coredis. The publisher (``redis_lean_publisher``) and the subscription
-(``redis_lean_subscription``) build on the ``LeanConnection`` here.
+the cross-instance hop. PUBLISH and SUBSCRIBE (SPUBLISH and SSUBSCRIBE on a cluster) are the
+only commands on that hop, so only they take this path; everything else stays on coredis. The
+publisher (``publisher.py``) and the subscription (``subscription.py``) build on the
+``LeanConnection`` here.
 
-What stays identical to the coredis path, by construction rather than by copy: the URL is parsed
-by coredis's own pool (host, port or unix socket, db, ACL user, password, ``ssl_*`` parameters
-turned into an ``SSLContext``); error replies are classified by coredis's own parser table
-(``WRONGPASS``, ``NOPERM`` ... become the coredis exceptions the guard in ``redis/connect/link.py`` maps to
-``CoordinationUnavailable`` with its hints; ``Parser.parse_error`` is private to coredis: adapt
-here if it changes); lost connections surface as coredis ``ConnectionError``. The connection speaks RESP2: no HELLO round trip, and pub/sub messages are
-plain arrays.
+What stays identical to the link's coredis connections, by construction rather than by copy:
+the URL is parsed by coredis's own pool (host, port or unix socket, db, ACL user, password,
+``ssl_*`` parameters turned into an ``SSLContext``); where to connect on a cluster or behind
+Sentinel is the link's answer (``RedisLink.master``, ``LeanTarget.at``); error replies are
+classified by coredis's own parser table (``WRONGPASS``, ``NOPERM``, ``MOVED`` ... become the
+coredis exceptions the guard in ``redis/connect/link.py`` maps to ``CoordinationUnavailable``
+with its hints; ``Parser.parse_error`` is private to coredis: adapt here if it changes); lost
+connections surface as coredis ``ConnectionError``. The connection speaks RESP2: no HELLO round
+trip, and pub/sub messages are plain arrays.
 """
 
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import hiredis
 import trio
 from coredis import ConnectionPool
+from coredis.connection import TCPLocation
 from coredis.exceptions import ConnectionError as RedisConnectionError
-from coredis.exceptions import RedisError
+from coredis.exceptions import RedisError, ResponseError
 from coredis.parser import Parser
 
 __all__ = ["LeanConnection", "LeanTarget", "encode_command", "open_lean_connection"]
@@ -46,9 +49,13 @@ class LeanTarget:
     username: str | None
     password: str | None
     ssl_context: ssl.SSLContext | None
+    #: Sentinel: check ``ROLE`` in the handshake, as the link does of the master it is named.
+    #: A demoted master keeps taking PUBLISH and SUBSCRIBE (a replica does), but its messages
+    #: no longer meet those of the instances already at the new one.
+    require_master: bool = False
 
     @classmethod
-    def from_pool(cls, pool: ConnectionPool[Any]) -> LeanTarget:
+    def from_pool(cls, pool: ConnectionPool[Any], *, require_master: bool = False) -> LeanTarget:
         location = pool.location
         kwargs = pool.connection_kwargs
         host = getattr(location, "host", None)
@@ -60,7 +67,16 @@ class LeanTarget:
             username=kwargs.get("username"),
             password=kwargs.get("password"),
             ssl_context=kwargs.get("ssl_context"),
+            require_master=require_master,
         )
+
+    def at(self, location: TCPLocation | None) -> LeanTarget:
+        """This target at ``location`` (the link's master of the moment; None: as the URL
+        says), with the same user, password and TLS: a cluster's masters and the master a
+        sentinel names take the URL's settings, only their address is found."""
+        if location is None:
+            return self
+        return replace(self, host=location.host, port=location.port, unix_path=None)
 
 
 def encode_command(*args: bytes) -> bytes:
@@ -140,8 +156,10 @@ class LeanConnection:
 
 
 async def open_lean_connection(target: LeanTarget) -> LeanConnection:
-    """Connect, TLS-handshake when configured, AUTH and SELECT (pipelined, one round trip).
-    Failures raise coredis exceptions or ``OSError``; the caller bounds the time."""
+    """Connect, TLS-handshake when configured, AUTH, SELECT and ROLE as configured (pipelined,
+    one round trip). Failures raise coredis exceptions or ``OSError`` (a replica where a master
+    is required: ``ResponseError`` READONLY, on which the link's guard asks the sentinels
+    again); the caller bounds the time."""
     stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
     if target.host is None:
         assert target.unix_path is not None
@@ -165,6 +183,8 @@ async def open_lean_connection(target: LeanTarget) -> LeanConnection:
         handshake.append(encode_command(b"AUTH", *who, target.password.encode()))
     if target.db:
         handshake.append(encode_command(b"SELECT", b"%d" % target.db))
+    if target.require_master:
+        handshake.append(encode_command(b"ROLE"))
     try:
         if handshake:
             await connection.send(b"".join(handshake))
@@ -172,6 +192,9 @@ async def open_lean_connection(target: LeanTarget) -> LeanConnection:
                 reply = await connection.read_reply()
                 if isinstance(reply, hiredis.ReplyError):
                     raise reply_error(reply)
+            if target.require_master and reply[0] != b"master":
+                where = f"{target.host}:{target.port}"
+                raise ResponseError(f"READONLY {where} is not a master (failover under way)")
     except BaseException:
         connection.invalidate("handshake failed")
         raise

@@ -7,9 +7,9 @@ first in line (Redis answers in order). A caller is woken directly by the reader
 (``trio.lowlevel.reschedule``): no event object, no channel, no extra task in between.
 
 A cancelled or timed-out caller leaves its place in line (its reply, when it comes, is
-discarded); the command may still run on the server (at-most-once, as on the coredis path).
-When the connection is lost, every caller still waiting gets ``ConnectionError``; the backend
-opens a new publisher on the next publish (``RedisCoordination._lean_publisher``).
+discarded); the command may still run on the server (at-most-once). When the connection is
+lost, every caller still waiting gets ``ConnectionError``; the backend opens a new publisher on
+the next publish, at the link's master of that moment (``pubsub.RedisPubSub``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,13 @@ __all__ = ["LeanPublisher", "publish_command"]
 log = logging.getLogger("coordinator.coordination.redis.coordination")
 
 
-def publish_command(channel: bytes, payload: bytes) -> bytes:
-    """``PUBLISH channel payload`` in RESP, built in one step (no per-argument parts)."""
-    return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+def publish_command(channel: bytes, payload: bytes, *, sharded: bool = False) -> bytes:
+    """``PUBLISH channel payload`` in RESP, built in one step (no per-argument parts);
+    ``SPUBLISH`` when ``sharded`` (a cluster: only the master of the channel's slot gets it,
+    where a PUBLISH would be copied to every node over the cluster bus)."""
+    verb = b"$8\r\nSPUBLISH" if sharded else b"$7\r\nPUBLISH"
+    return b"*3\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+        verb,
         len(channel),
         channel,
         len(payload),

@@ -4,18 +4,27 @@ There is no pump task and no buffer between Redis and the bus reader: ``__anext_
 next message out of what the socket already delivered, or waits on the socket for more. That
 saves two task switches per envelope on the answer path. Backpressure is Redis's own: a
 subscriber that stops reading is cut off by its ``client-output-buffer-limit pubsub``, which the
-iterator then reports as a loss (the coredis path drops into its counted buffer instead).
+iterator then reports as a loss.
 
-Semantics otherwise as ``redis_subscription.RedisSubscription``: a lost connection raises
-``CoordinationUnavailable``; an idle subscription PINGs after ``subscription_keepalive_s`` and
-counts as lost only if the PING goes unanswered for ``subscription_stall_s`` (a paused Redis
-loses nothing on an intact connection); closing the backend ends the iteration.
+Each subscription has its own connection. Losing it makes the iterator raise
+``CoordinationUnavailable``: the caller re-subscribes and treats in-flight work as possibly
+lost. On a cluster the subscription is sharded (SSUBSCRIBE, ``smessage``), and the server ends
+it with an unasked ``sunsubscribe`` when the slot moves to another master: a loss too, and the
+re-subscription finds the new master (``pubsub.py``).
+
+Only a real loss counts: a subscription whose connection is intact has lost nothing, however
+long Redis was paused (TCP keeps what was published; a paused server publishes nothing). So an
+idle subscription PINGs after ``subscription_keepalive_s`` (a SIGSTOPped or unplugged Redis
+sends no FIN) and counts as lost only if the PING goes unanswered for ``subscription_stall_s``
+(10 s by default), not the 1 s operation timeout: a Redis SIGSTOPped for a few seconds must not
+make an instance fail its cross-instance tasks. A closed or reset connection is still reported
+at once; closing the backend ends the iteration.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import hiredis
 import trio
@@ -27,20 +36,34 @@ from coordinator.coordination.redis.lean.connection import (
     encode_command,
     reply_error,
 )
-from coordinator.coordination.redis.subscription import SubscriptionHost
 
-__all__ = ["LeanSubscription"]
+__all__ = ["LeanSubscription", "SubscriptionHost"]
 
 _PING = encode_command(b"PING")
+
+
+class SubscriptionHost(Protocol):
+    """What a subscription needs of the role that opened it (``pubsub.RedisPubSub``)."""
+
+    @property
+    def subscription_keepalive_s(self) -> float: ...
+    @property
+    def subscription_stall_s(self) -> float: ...
+    @property
+    def closed(self) -> bool: ...
 
 
 class LeanSubscription(Subscription):
     """Messages of one channel, read straight from a dedicated ``LeanConnection``."""
 
-    def __init__(self, owner: SubscriptionHost, channel: str, redis_channel: str) -> None:
+    def __init__(
+        self, owner: SubscriptionHost, channel: str, redis_channel: str, *, sharded: bool = False
+    ) -> None:
         self._owner = owner
         self._channel = channel
         self._channel_bytes = redis_channel.encode()
+        # Sharded pub/sub (Redis Cluster): SSUBSCRIBE, and "s"-prefixed pub/sub replies.
+        self._verb = b"s" if sharded else b""
         self._connection: LeanConnection | None = None
         self._closing = False
         self._ping_deadline = math.inf  # set while a keepalive PING awaits its answer
@@ -50,14 +73,17 @@ class LeanSubscription(Subscription):
 
     async def open(self, connection: LeanConnection) -> None:
         """SUBSCRIBE on ``connection`` and wait for the acknowledgement (messages cannot come
-        before it). The caller bounds the time and retires the connection on failure."""
+        before it). An error reply raises its coredis exception (a ``MovedError`` when a
+        cluster's slot is served elsewhere). The caller bounds the time and retires the
+        connection on failure."""
         self._connection = connection
-        await connection.send(encode_command(b"SUBSCRIBE", self._channel_bytes))
+        verb = self._verb
+        await connection.send(encode_command(verb + b"SUBSCRIBE", self._channel_bytes))
         while True:
             reply = await connection.read_reply()
             if isinstance(reply, hiredis.ReplyError):
                 raise reply_error(reply)
-            if isinstance(reply, list) and reply[:1] == [b"subscribe"]:
+            if isinstance(reply, list) and reply[:1] == [verb + b"subscribe"]:
                 return
 
     async def __anext__(self) -> bytes:
@@ -68,7 +94,7 @@ class LeanSubscription(Subscription):
             try:
                 reply = connection.next_buffered()
                 if reply is not False:
-                    payload = self._message(reply)
+                    payload = self._message(connection, reply)
                     if payload is not None:
                         return payload
                     continue
@@ -86,13 +112,19 @@ class LeanSubscription(Subscription):
                     f"lost the Redis subscription to {self._channel!r}; messages may be lost"
                 ) from exc
 
-    def _message(self, reply: Any) -> bytes | None:
+    def _message(self, connection: LeanConnection, reply: Any) -> bytes | None:
         """The payload of a message of our channel; None for anything else (a PONG ends the
-        keepalive wait)."""
-        if isinstance(reply, list) and len(reply) >= 3 and reply[0] == b"message":
+        keepalive wait). An unsubscription we did not ask for raises ``ConnectionError``."""
+        verb = self._verb
+        if isinstance(reply, list) and len(reply) >= 3 and reply[0] == verb + b"message":
             if reply[1] == self._channel_bytes and isinstance(reply[2], bytes):
                 return reply[2]
             return None
+        if isinstance(reply, list) and reply[:1] == [verb + b"unsubscribe"]:
+            # Only a cluster does this (the slot moved to another master): nothing more
+            # comes on this connection, so it is a loss, and re-subscribing follows the slot.
+            connection.invalidate("the server ended the subscription (the slot moved)")
+            raise connection.lost(None)
         if isinstance(reply, list) and reply[:1] == [b"pong"] or reply == b"PONG":
             self._ping_deadline = math.inf
         return None
@@ -115,13 +147,14 @@ class LeanSubscription(Subscription):
         connection = self._connection
         if connection is None:
             return
+        verb = self._verb
         with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
             try:
                 if connection.usable:
-                    await connection.send(encode_command(b"UNSUBSCRIBE"))
+                    await connection.send(encode_command(verb + b"UNSUBSCRIBE"))
                     while True:
                         reply = await connection.read_reply()
-                        if isinstance(reply, list) and reply[:1] == [b"unsubscribe"]:
+                        if isinstance(reply, list) and reply[:1] == [verb + b"unsubscribe"]:
                             break
             except (RedisError, OSError):
                 pass
