@@ -11,6 +11,7 @@ task_runs.py        one task as every route runs it (whole, or streamed event by
 openapi.py          /openapi.json built from the Structs
 metrics_http.py     GET /metrics (on the API port, or on GEMMANET_METRICS_PORT)
 node_websocket.py   /ws/node served from the ASGI events below Quart (every node message)
+sse.py              server-sent events: one bytes object per event, a delta without a rebuild
 system_health.py    the System Health page (/system-health) and GET /api/v1/cluster
 health_schemas.py   the body of GET /api/v1/cluster
 health_page/        the page's HTML, script and stylesheet (package data, not a package)

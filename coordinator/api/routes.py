@@ -34,6 +34,7 @@ from coordinator.api.schemas import (
     TaskTimings,
     TokenUsage,
 )
+from coordinator.api.sse import DeltaFrames, sse
 from coordinator.api.task_runs import (
     STREAM_HEADERS,
     TaskAsk,
@@ -52,7 +53,6 @@ from coordinator.store import ApiKey
 
 S = TypeVar("S", bound=msgspec.Struct)
 F = TypeVar("F", bound=Callable[..., Any])
-_json = msgspec.json.Encoder()
 _BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
@@ -121,10 +121,6 @@ async def task_request(struct: type[S]) -> tuple[Instance, ApiKey, S]:
     inst = instance()
     await inst.requests.check_rate_limit(api_key.key_id)
     return inst, api_key, decode_body(data, struct)
-
-
-def _sse(event: msgspec.Struct) -> bytes:
-    return b"data: " + _json.encode(event) + b"\n\n"
 
 
 def register_routes(app: Quart) -> None:
@@ -291,14 +287,19 @@ def _answer(handle: TaskHandle, done: TaskDone) -> dict[str, Any]:
 async def _events(
     inst: Instance, handle: TaskHandle, first: ChunkEvent | TaskDone
 ) -> AsyncIterator[bytes]:
+    delta = DeltaFrames(_delta_event)
     async for event in stream_events(inst, handle, first, whole_as_chunk=False):
         if isinstance(event, ChunkEvent):
-            yield _sse(DeltaEvent(delta=event.delta))
+            yield delta(event.delta)
         elif isinstance(event, GemmaNetError):
             detail = StreamErrorDetail(
                 code=event.code, message=event.client_message, status=event.status
             )
-            yield _sse(StreamErrorEvent(error=detail))
+            yield sse(StreamErrorEvent(error=detail))
         else:
             # The task is recorded (queued for the next batch write) before this event.
-            yield _sse(DoneEvent(**_answer(handle, event)))
+            yield sse(DoneEvent(**_answer(handle, event)))
+
+
+def _delta_event(text: str) -> DeltaEvent:
+    return DeltaEvent(delta=text)

@@ -27,7 +27,8 @@ the behaviour upstream (tests/e2e/test_http_edges.py shows each one).
   small response (the kernel runs the peer's TCP receive inside it: ~8% of an instance's CPU
   under load, measured with py-spy), so the head of a response that declares its
   ``content-length`` is held and goes out with the first body bytes. Streamed responses (SSE, no
-  length) are written as before: their head leaves at once, whenever the first chunk comes.
+  length) are written as before: their head leaves at once, whenever the first chunk comes, and
+  each chunk is one write, handed straight to Hypercorn (nothing is held to join it with).
 * Reads of 4 KiB instead of 64 KiB (``READ_BYTES``). CPython's ``recv(n)`` allocates ``n`` bytes
   and shrinks the block to what arrived; a 64 KiB block comes from glibc's heap, its freed tail
   is soon taken by longer-lived allocations, and the holes left (40-64 KiB, just too small for
@@ -228,6 +229,11 @@ def _one_write_per_response() -> None:
             setattr(self, _HELD, head)
             for other in others:
                 await self.send(other)
+            return
+        if isinstance(event, Body) and held is None:
+            # A chunk of a streamed body (or a later piece of one with a length): nothing to
+            # join it with, and Hypercorn writes it once itself; no catching, no copy.
+            await stream_send(self, event)
             return
         if isinstance(event, Body | EndBody):
             setattr(self, _HELD, None)

@@ -95,6 +95,19 @@ async def test_a_streamed_response_sends_its_head_before_any_chunk() -> None:
     assert len(rec.writes) == 2
 
 
+async def test_each_chunk_of_a_stream_is_one_write_of_its_own_frame() -> None:
+    rec = Recorded()
+    await rec.protocol.stream_send(
+        Response(stream_id=1, headers=[(b"content-type", b"text/event-stream")], status_code=200)
+    )
+    chunks = [b"data: a\n\n", b"data: " + b"b" * 5000 + b"\n\n", b"data: c\n\n"]
+    for chunk in chunks:
+        await rec.protocol.stream_send(Body(stream_id=1, data=chunk))
+    await rec.protocol.stream_send(EndBody(stream_id=1))
+    assert rec.writes[1:] == [b"%x\r\n%s\r\n" % (len(c), c) for c in chunks] + [b"0\r\n\r\n"]
+    assert rec.protocol.connection.our_state is h11.DONE
+
+
 async def test_a_stream_closed_before_its_body_still_gets_the_head_first() -> None:
     rec = Recorded()
     await rec.protocol.stream_send(

@@ -25,6 +25,7 @@ from coordinator.api.openai.schemas import (
     TextCompletion,
     Usage,
 )
+from coordinator.api.sse import DeltaFrames, sse
 from coordinator.api.task_runs import (
     STREAM_HEADERS,
     TaskAsk,
@@ -50,11 +51,6 @@ __all__ = [
 CHAT_ID_PREFIX = "chatcmpl-"
 TEXT_ID_PREFIX = "cmpl-"
 STREAM_END = b"data: [DONE]\n\n"
-_json = msgspec.json.Encoder()
-
-
-def _sse(body: msgspec.Struct) -> bytes:
-    return b"data: " + _json.encode(body) + b"\n\n"
 
 
 def usage_of(usage: TaskUsage | None) -> Usage | None:
@@ -71,7 +67,7 @@ class Chunks(Protocol):
     """One route's chunk format."""
 
     def first(self, task_id: str) -> bytes | None: ...
-    def delta(self, task_id: str, text: str) -> bytes: ...
+    def deltas(self, task_id: str) -> DeltaFrames: ...
     def last(self, task_id: str, finish_reason: FinishReason) -> bytes: ...
     def usage(self, task_id: str, usage: Usage | None) -> bytes | None: ...
 
@@ -81,21 +77,26 @@ class ChatChunks:
         self.model, self.created, self.include_usage = model, created, include_usage
 
     def _chunk(self, task_id: str, choices: list[ChunkChoice], usage: Usage | None) -> bytes:
-        return _sse(
-            ChatCompletionChunk(
-                id=CHAT_ID_PREFIX + task_id,
-                created=self.created,
-                model=self.model,
-                choices=choices,
-                usage=usage if self.include_usage else msgspec.UNSET,
-            )
+        return sse(self._struct(task_id, choices, usage))
+
+    def _struct(
+        self, task_id: str, choices: list[ChunkChoice], usage: Usage | None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=CHAT_ID_PREFIX + task_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage if self.include_usage else msgspec.UNSET,
         )
 
     def first(self, task_id: str) -> bytes | None:
         return self._chunk(task_id, [ChunkChoice(delta=ChunkDelta(role="assistant"))], None)
 
-    def delta(self, task_id: str, text: str) -> bytes:
-        return self._chunk(task_id, [ChunkChoice(delta=ChunkDelta(content=text))], None)
+    def deltas(self, task_id: str) -> DeltaFrames:
+        return DeltaFrames(
+            lambda text: self._struct(task_id, [ChunkChoice(delta=ChunkDelta(content=text))], None)
+        )
 
     def last(self, task_id: str, finish_reason: FinishReason) -> bytes:
         choice = ChunkChoice(delta=ChunkDelta(), finish_reason=finish_reason)
@@ -110,21 +111,24 @@ class TextChunks:
         self.model, self.created, self.include_usage = model, created, include_usage
 
     def _chunk(self, task_id: str, choices: list[TextChoice], usage: Usage | None) -> bytes:
-        return _sse(
-            TextCompletion(
-                id=TEXT_ID_PREFIX + task_id,
-                created=self.created,
-                model=self.model,
-                choices=choices,
-                usage=usage if self.include_usage else msgspec.UNSET,
-            )
+        return sse(self._struct(task_id, choices, usage))
+
+    def _struct(
+        self, task_id: str, choices: list[TextChoice], usage: Usage | None
+    ) -> TextCompletion:
+        return TextCompletion(
+            id=TEXT_ID_PREFIX + task_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage if self.include_usage else msgspec.UNSET,
         )
 
     def first(self, task_id: str) -> bytes | None:
         return None
 
-    def delta(self, task_id: str, text: str) -> bytes:
-        return self._chunk(task_id, [TextChoice(text=text)], None)
+    def deltas(self, task_id: str) -> DeltaFrames:
+        return DeltaFrames(lambda text: self._struct(task_id, [TextChoice(text=text)], None))
 
     def last(self, task_id: str, finish_reason: FinishReason) -> bytes:
         return self._chunk(task_id, [TextChoice(text="", finish_reason=finish_reason)], None)
@@ -147,13 +151,14 @@ async def _events(
     opening = chunks.first(task_id)
     if opening is not None:
         yield opening
+    delta = chunks.deltas(task_id)
     async for event in stream_events(inst, handle, first):
         if isinstance(event, ChunkEvent):
             if event.delta:
-                yield chunks.delta(task_id, event.delta)
+                yield delta(event.delta)
         elif isinstance(event, GemmaNetError):
             status, code = status_and_code(event)
-            yield _sse(openai_error_body(status, code, event.client_message, param_of(event)))
+            yield sse(openai_error_body(status, code, event.client_message, param_of(event)))
             return
         else:
             yield chunks.last(task_id, event.finish_reason or "stop")
