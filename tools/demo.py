@@ -131,6 +131,10 @@ def _run(host: str, port: int, state_dir: Path) -> int:
     cli = [sys.executable, "-m", "coordinator.cli"]
     env = {**os.environ, "GEMMANET_DATABASE_URL": database_url}
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    # "Press Ctrl-C to stop" must hold even when the demo was started with SIGINT ignored (a
+    # process started in the background by a non-interactive shell inherits that, and Python
+    # then leaves SIGINT ignored): Ctrl-C, or kill -INT, takes the same way out as SIGTERM.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     server = node = None
     try:
         server = subprocess.Popen([*cli, "serve", "--host", host, "--port", str(port)], env=env)
@@ -184,3 +188,4 @@ def _run(host: str, port: int, state_dir: Path) -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)

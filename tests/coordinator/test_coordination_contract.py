@@ -127,17 +127,19 @@ async def test_compare_and_set_distinguishes_empty_value_from_absent(backend: Ba
 
 
 async def test_refresh_if(backend: Backend) -> None:
+    # Seconds, not tenths: on Redis these are real sleeps, and with a 0.2 s TTL a loaded
+    # machine let the key expire between the set and the refresh (two round trips later).
     c = backend.coord.key_value
-    assert await c.refresh_if("alive", b"me", 0.3) is False
-    await c.set("alive", b"me", ttl_s=0.2)
-    await backend.advance(0.1)
-    assert await c.refresh_if("alive", b"someone-else", 0.3) is False
-    assert await c.refresh_if("alive", b"me", 0.3) is True
-    await backend.advance(0.2)  # past the original TTL, inside the refreshed one
+    assert await c.refresh_if("alive", b"me", 1.5) is False
+    await c.set("alive", b"me", ttl_s=1.0)
+    await backend.advance(0.5)
+    assert await c.refresh_if("alive", b"someone-else", 1.5) is False
+    assert await c.refresh_if("alive", b"me", 1.5) is True
+    await backend.advance(0.8)  # past the original TTL, inside the refreshed one
     assert await c.get("alive") == b"me"
-    await backend.advance(0.1 + SLACK)
+    await backend.advance(0.7 + SLACK)
     assert await c.get("alive") is None
-    assert await c.refresh_if("alive", b"me", 0.3) is False
+    assert await c.refresh_if("alive", b"me", 1.5) is False
 
 
 async def test_refresh_many_refreshes_only_the_keys_that_hold_their_expected_value(

@@ -94,9 +94,15 @@ def _run_demo(tmp_path: Path, env: dict[str, str], stop_signal: signal.Signals) 
     port = free_port()
     out = tmp_path / f"demo-{port}.log"
     with out.open("wb") as log:
-        demo = subprocess.Popen(
-            [*CLI, "demo", "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=log
-        )
+        # Started with SIGINT ignored, as a non-interactive shell starts a background job (and
+        # as this suite runs when it is started so): Ctrl-C must stop the demo all the same.
+        inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child inherits it
+        try:
+            demo = subprocess.Popen(
+                [*CLI, "demo", "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=log
+            )
+        finally:
+            signal.signal(signal.SIGINT, inherited)
     try:
         curl = wait_until(
             lambda: [line for line in out.read_text().splitlines() if line.startswith("curl ")],
