@@ -8,6 +8,7 @@ settings.py       GEMMANET_* environment settings
 capacity.py       the operator file: per-node budgets and the model catalog
 logging_setup.py  GEMMANET_LOG_FORMAT: the root log handler, text or one JSON object per line
 log_redaction.py  the filter that masks secrets in every log line
+url_credentials.py  credentials in a Redis or database URL: refused at start, hidden when shown
 errors.py         the error hierarchy; each error knows its HTTP status / close code
 api/              HTTP routes, request and response schemas, JSON errors, /openapi.json
 core/             pure decisions: the cluster machine, placement, task tracking, node table,

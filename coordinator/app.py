@@ -29,6 +29,7 @@ from coordinator.runtime.instance import Instance
 from coordinator.server import hypercorn_patches
 from coordinator.settings import Settings
 from coordinator.store import Store
+from coordinator.store.embedded_lock import lock_embedded_store
 
 log = logging.getLogger("gemmanet.app")
 
@@ -46,7 +47,10 @@ async def run_instance(
     stop: it leaves the presence registry and releases the single-instance lock while its Redis
     connections still run) or it is cancelled (what it held in Redis expires with its TTL)."""
     store = await trio.to_thread.run_sync(Store.open, settings.database_url)
+    embedded_lock = None
     try:
+        if not settings.redis_url:  # one process per embedded store (store/embedded_lock.py)
+            embedded_lock = await trio.to_thread.run_sync(lock_embedded_store, store.engine)
         coordination = coordination_for(settings, clock=trio.current_time)
         # The coordination is entered before the nursery, so cancelling the nursery at a
         # graceful stop leaves its connections open for the lock's release.
@@ -104,6 +108,8 @@ async def run_instance(
             # Ends the lock holder too, whose ``finally`` deletes the lock.
             nursery.cancel_scope.cancel()
     finally:
+        if embedded_lock is not None:
+            embedded_lock.release()
         store.close()
 
 

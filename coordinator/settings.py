@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from coordinator import url_credentials
 from coordinator.capacity import Capacity, load_capacity
 from coordinator.core.liveness import STREAMS_PRESENCE_TTL_S, LivenessTiming
 from coordinator.errors import SettingsError
@@ -92,6 +93,7 @@ REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 
 def _redis_url(name: str, raw: str) -> str:
+    _refuse_credentials(name, raw)
     if raw.startswith(("redis+sentinel://", "rediss+sentinel://")):
         from coordinator.coordination.redis.connect.sentinel import parse_sentinel_url
 
@@ -99,12 +101,6 @@ def _redis_url(name: str, raw: str) -> str:
             parse_sentinel_url(raw)
         except SettingsError as exc:
             raise SettingsError(f"{name}: {exc}") from None
-        user_info = raw.split("://", 1)[1].split("/", 1)[0].rpartition("@")[0]
-        if ":" in user_info:
-            raise SettingsError(
-                f"{name} must not carry a password: put it in a file and set "
-                "GEMMANET_REDIS_PASSWORD_FILE to its path"
-            )
         return raw
     try:
         parts = urlsplit(raw)
@@ -119,11 +115,18 @@ def _redis_url(name: str, raw: str) -> str:
         )
     if parts.scheme.endswith("+cluster") and parts.path not in ("", "/", "/0"):
         raise SettingsError(f"{name}: a Redis Cluster has only database 0, not {parts.path!r}")
-    if parts.password is not None:
-        raise SettingsError(
-            f"{name} must not carry a password: put it in a file and set "
-            "GEMMANET_REDIS_PASSWORD_FILE to its path"
-        )
+    return raw
+
+
+def _refuse_credentials(name: str, raw: str) -> None:
+    # Checked before anything else reads the URL, so no message, log line or report shows it.
+    problem = url_credentials.refusal(name, raw)
+    if problem is not None:
+        raise SettingsError(problem)
+
+
+def _database_url(name: str, raw: str) -> str:
+    _refuse_credentials(name, raw)
     return raw
 
 
@@ -177,7 +180,7 @@ def _port(name: str, raw: str) -> int:
 #: list of the variables: ``from_env`` reads it, and the commands' ``--help`` lists it
 #: (``variables_help``).
 VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
-    "database_url": ("GEMMANET_DATABASE_URL", lambda n, v: v),
+    "database_url": ("GEMMANET_DATABASE_URL", _database_url),
     "redis_url": ("GEMMANET_REDIS_URL", _redis_url),
     "redis_password_file": ("GEMMANET_REDIS_PASSWORD_FILE", _readable_file),
     # rediss:// verified against a private CA, optionally with a client certificate.

@@ -19,6 +19,7 @@ from typing import Any
 from coordinator.coordination.monitor_types import HostFacts, MonitorStatus
 from coordinator.monitor.timing import monitor_bound_s, monitor_bound_sum, monitor_timing_problems
 from coordinator.settings import Settings
+from coordinator.url_credentials import hide_credentials
 
 __all__ = [
     "EXIT_NOT_READY",
@@ -253,7 +254,8 @@ def judge(settings: Settings, observed: Observed) -> AuditReport:
         "ready": exit_code == EXIT_READY,
         "exit_code": exit_code,
         "redis": {
-            "url": settings.redis_url,
+            # A URL with credentials is refused before the audit runs; hidden all the same.
+            "url": hide_credentials(settings.redis_url or "") or None,
             "key_prefix": settings.key_prefix,
             "reachable": observed.redis_error is None,
             "error": observed.redis_error,

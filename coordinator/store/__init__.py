@@ -6,6 +6,7 @@ async methods the server calls run in worker threads. Secrets are stored as SHA-
 
 store.py       ``Store``: API keys, node tokens, finished tasks and their ratings
 engine.py      GEMMANET_DATABASE_URL as a configured engine with the tables in place
+embedded_lock.py  one process per database without Redis: a file lock or an advisory lock
 schema.py      the tables, in SQLAlchemy Core, portable across SQLite and PostgreSQL
 migrations.py  columns added to existing tables after a database was first created
 records.py     the plain records the store hands out and takes in

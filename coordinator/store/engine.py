@@ -10,6 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Engine, make_url
 
+from coordinator.url_credentials import hide_credentials
+
 from .errors import StoreError, StoreUnavailable
 from .migrations import add_missing_columns
 from .schema import metadata
@@ -45,8 +47,9 @@ def normalize_url(url: str | URL) -> URL:
 
 
 def safe_url(url: URL) -> str:
-    """The URL as it may appear in logs and error messages: password hidden."""
-    return url.render_as_string(hide_password=True)
+    """The URL as it may appear in logs and error messages: password and secret query values
+    hidden."""
+    return hide_credentials(url.render_as_string(hide_password=True))
 
 
 def is_sqlite_memory(url: URL) -> bool:

@@ -8,7 +8,6 @@ its per-connection tracebacks out of the log (this backend reports those failure
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import trio
@@ -19,6 +18,8 @@ from coredis.exceptions import (
     ResponseError,
     WrongTypeError,
 )
+
+from coordinator.url_credentials import hide_credentials
 
 __all__ = [
     "FAILURES",
@@ -47,15 +48,8 @@ KEEPALIVE_FAILURES: tuple[type[BaseException], ...] = (trio.TooSlowError, *FAILU
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its password, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` without its password or secret query values, for logs and error messages."""
+    return hide_credentials(url)
 
 
 def describe(exc: BaseException) -> str:

@@ -1,0 +1,70 @@
+"""Deployment mistakes caught at start, against real processes: a second ``gemmanet serve`` on
+one embedded store (SQLite file or PostgreSQL schema, no Redis) is refused in one line, and a
+restart right after ``kill -9`` of the first is not; a password planted in a URL appears in the
+output of no command."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.fixtures.processes import Processes, free_port
+
+pytestmark = pytest.mark.e2e
+
+PLANTED = "PLANTED-pw-4711"
+
+
+def _second_serve_is_refused(procs: Processes, env: dict[str, str]) -> str:
+    done = procs.cli("serve", "--port", str(free_port()), env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("gemmanet: another instance"), line
+    assert "without Redis" in line and "GEMMANET_MULTI_INSTANCE=1" in line, line
+    return line
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def test_one_process_per_embedded_store_and_kill_9_frees_it(
+    procs: Processes, backend: str, request: pytest.FixtureRequest
+) -> None:
+    env = dict(procs.env)
+    if backend == "postgresql":
+        env["GEMMANET_DATABASE_URL"] = request.getfixturevalue("postgresql_database_url")
+    first = procs.coordinator(**env)
+    line = _second_serve_is_refused(procs, env)
+    if backend == "sqlite":
+        assert f"(pid {first.proc.pid})" in line and "gemmanet.db.lock" in line, line
+    else:
+        assert "advisory lock" in line and "schema gn_test_" in line, line
+    # The first one goes on serving.
+    assert first.status()["online_nodes"] == 0 and first.proc.poll() is None
+    # kill -9 leaves no lock behind: the next one starts at once.
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=10)
+    again = procs.coordinator(**env)
+    assert again.status()["instances"] == 1
+
+
+def test_no_command_prints_a_password_planted_in_a_url(procs: Processes) -> None:
+    redis = {**procs.env, "GEMMANET_REDIS_URL": f"redis://127.0.0.1:1/0?password={PLANTED}"}
+    database = {**procs.env, "GEMMANET_DATABASE_URL": f"postgresql://gn:{PLANTED}@127.0.0.1:1/gn"}
+    runs = [
+        (redis, ("serve", "--port", str(free_port()))),
+        (redis, ("audit",)),
+        (redis, ("audit", "--json")),
+        # keys create, nodes enroll and monitor read the settings the same way (unit tests
+        # of the refusal: tests/coordinator/test_url_credentials.py).
+        (database, ("keys", "create", "--name", "k")),
+    ]
+    for env, args in runs:
+        done = procs.cli(*args, env=env)
+        assert PLANTED not in done.stdout + done.stderr, (args, done.stdout, done.stderr)
+        assert done.returncode == 2 and done.stdout == "", (args, done.stdout, done.stderr)
+        variable = "GEMMANET_REDIS_URL" if env is redis else "GEMMANET_DATABASE_URL"
+        assert done.stderr.startswith(f"gemmanet: {variable} must not carry credentials")
+        assert done.stderr.count("\n") == 1, done.stderr
