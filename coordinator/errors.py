@@ -24,6 +24,7 @@ error code and, where a node socket closes because of it, its close code.
     ├── Unavailable                 503 unavailable          (Retry-After)
     │   ├── NoNodeForModel              no_node_for_model
     │   ├── AllNodesBusy                all_nodes_busy
+    │   ├── ModelNeverFits              model_never_fits     no serving node's budget holds it
     │   ├── CoordinationUnavailable     coordination_unavailable, close 1013: the backend
     │   │   │                           cannot be reached (raised by the backends)
     │   │   └── CoordinationTimeout         it did not answer in time: slow, not known down
@@ -56,6 +57,7 @@ __all__ = [
     "GemmaNetError",
     "InvalidFields",
     "MalformedJson",
+    "ModelNeverFits",
     "NoNodeForModel",
     "NodeDisconnected",
     "NodeFailed",
@@ -208,6 +210,17 @@ class NoNodeForModel(Unavailable):
 
 class AllNodesBusy(Unavailable):
     code = TaskErrorCode.ALL_NODES_BUSY.value
+
+
+class ModelNeverFits(Unavailable):
+    """Every node serving the model has a memory budget smaller than one request of it needs
+    (``core/fit.py``): refused at once rather than queued. Retry-After is long: only a node
+    with a larger budget, or a changed catalog, makes it placeable."""
+
+    code = "model_never_fits"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after_s=30.0)
 
 
 COORDINATION_DOWN_MESSAGE = (

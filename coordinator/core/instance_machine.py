@@ -15,11 +15,12 @@ except from the ``random.Random`` it is given.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from coordinator.core import registry
+from coordinator.core import fit, registry
 from coordinator.core.direct_hosts import DirectHosts
 from coordinator.core.effects import CallHost, Dispatch, Effect, Publish, StopHostCall, WakeQueue
 from coordinator.core.node_table import NodeConnection, view_of
@@ -49,12 +50,20 @@ Ratings = dict[str, tuple[float, int]]
 class _RemoteViews:
     """The peers' nodes as placement views: all of them, and per model."""
 
-    def __init__(self, views: list[NodeView]) -> None:
+    def __init__(self, views: list[NodeView], peers: Iterable[InstanceSnapshot] = ()) -> None:
         self.all = views
         self.by_model: dict[str, list[NodeView]] = {}
         for view in views:
             for model in view.models:
                 self.by_model.setdefault(model, []).append(view)
+        #: model -> the largest memory budget among the peers' nodes serving it (core/fit.py)
+        self.largest_budget: dict[str, float] = {}
+        for snapshot in peers:
+            for entry in snapshot.nodes:
+                budget = fit.budget_of(entry.vram_gb)
+                for model in entry.models:
+                    if budget > self.largest_budget.get(model, -math.inf):
+                        self.largest_budget[model] = budget
 
 
 def _corrected(
@@ -77,8 +86,11 @@ class InstanceMachine:
         incarnation: str = "",
         tracks_keys: bool = False,
         hosts: DirectHosts | None = None,
+        needs: Mapping[str, float] | None = None,
     ) -> None:
         self.me = instance_id
+        #: model -> GB one request of it needs on an empty node (``fit.request_needs``)
+        self.needs = dict(needs or {})
         self.owner = Owner(instance_id, forward_grace_s=forward_grace_s, incarnation=incarnation)
         self.hosts = hosts if hosts is not None else DirectHosts(instance_id, {}, 0.0)
         self.requester = Requester(
@@ -153,7 +165,8 @@ class InstanceMachine:
             views = registry.remote_views(
                 self.peers(), self.ratings, exclude_instance=self.me, pending_per_conn={}
             )
-            self._remote = _RemoteViews(views)
+            peers = self.peers() if self.needs else ()
+            self._remote = _RemoteViews(views, peers)
         return self._remote
 
     def views(self) -> list[NodeView]:
@@ -194,8 +207,25 @@ class InstanceMachine:
     # -- requests ---------------------------------------------------------------------------
 
     def submit(self, assign: Assign, deadline: float, now: float, key_id: str = "") -> list[Effect]:
-        """A client's task. Raises NoNodeForModel when no online node serves its model."""
+        """A client's task. Raises NoNodeForModel when no online node serves its model, and
+        ModelNeverFits when none serving it has the memory budget one request of it needs."""
+        need = self.needs.get(assign.model)
+        if need is not None:
+            self._refuse_if_never_fits(assign.model, need, now)
         return self._route(self.requester.submit(assign, deadline, key_id, now), now)
+
+    def _refuse_if_never_fits(self, model: str, need: float, now: float) -> None:
+        # Cheap when all is well: the first local node that fits ends the look.
+        local = self.owner.nodes.serving(model)
+        if fit.fits_somewhere(need, (local[i].vram_gb for i in range(len(local)))):
+            return
+        budgets = [fit.largest(local[i].vram_gb for i in range(len(local)))]
+        budgets.append(self._remote_views().largest_budget.get(model, -math.inf))
+        hosts = [v for v in self.hosts.views(now) if model in v.models] if self.hosts else []
+        budgets.append(fit.largest(self.hosts.terms[v.node_id].memory_gb for v in hosts))
+        largest = max(budgets)
+        if largest != -math.inf and largest + 1e-9 < need:  # -inf: nobody serves it
+            raise fit.never_fits(model, need, largest)
 
     def reserved(
         self, task_id: str, attempt: int, view: NodeView, lease_id: str, now: float

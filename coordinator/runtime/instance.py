@@ -56,6 +56,7 @@ from coordinator.core.effects import (
     TaskEvent,
     WakeQueue,
 )
+from coordinator.core.fit import budget_problem, request_needs
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.errors import (
@@ -119,6 +120,8 @@ class Instance:
         # A new one per process start: peers tell a restart with the same id from the life
         # that held their tasks (core/requests/requester.py, owners_reborn).
         self.incarnation = f"{self._ids.getrandbits(64):016x}"
+        models = settings.capacity.models
+        self.needs = request_needs({m: (c.resident_gb, c.kv_gb) for m, c in models.items()})
         self.machine = InstanceMachine(
             self.instance_id,
             forward_grace_s=settings.forward_grace_s,
@@ -126,6 +129,7 @@ class Instance:
             incarnation=self.incarnation,
             tracks_keys=settings.max_active_per_key > 0,
             hosts=direct_hosts(settings),
+            needs=self.needs,
         )
         self.recorder = TaskRecorder(store)
         self.metrics = Metrics(self.diagnostics)
@@ -349,6 +353,8 @@ class Instance:
         max_parallel, vram_gb = self.settings.capacity.budgets(
             hello.node_id, hello.max_parallel, hello.vram_gb
         )
+        if problem := budget_problem(f"node {hello.node_id}", vram_gb, hello.models, self.needs):
+            log.warning("%s", problem)
         # A node whose backend is down at its hello serves nothing until a heartbeat says so.
         down = None if hello.backend_down is msgspec.UNSET else hello.backend_down
         conn = NodeConnection(

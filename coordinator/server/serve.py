@@ -14,6 +14,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
+from coordinator.core.fit import host_budget_problems, request_needs
 from coordinator.core.liveness import FAILOVER_PROMISE_S, store_outage_problem
 from coordinator.errors import SettingsError, StartupRefused, StoreError
 from coordinator.monitor.timing import check_monitor_bound
@@ -68,10 +69,21 @@ def check_store_outage_bound(settings: Settings) -> None:
         logging.getLogger("gemmanet.serve").warning("%s", problem)
 
 
+def warn_hosts_too_small(settings: Settings) -> None:
+    """Say at start which configured direct hosts could never hold a catalog model (a request
+    for a model no serving node can hold is refused with model_never_fits)."""
+    capacity = settings.capacity
+    needs = request_needs({m: (c.resident_gb, c.kv_gb) for m, c in capacity.models.items()})
+    budgets = {host_id: spec.memory_gb for host_id, spec in capacity.hosts.items()}
+    for problem in host_budget_problems(budgets, needs):
+        logging.getLogger("gemmanet.serve").warning("%s", problem)
+
+
 def serve(settings: Settings, *, host: str, port: int) -> int:
     check_failover_bound(settings)
     check_monitor_bound(settings)
     check_store_outage_bound(settings)
+    warn_hosts_too_small(settings)
     check_port_free(host, port)
     gc_tuning.tune()  # thousands of connections: see coordinator/server/gc_tuning.py
     heap_trim.one_arena()  # before any thread starts: see coordinator/server/heap_trim.py

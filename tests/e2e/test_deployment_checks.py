@@ -1,11 +1,13 @@
 """Deployment mistakes caught at start, against real processes: a second ``gemmanet serve`` on
 one embedded store (SQLite file or PostgreSQL schema, no Redis) is refused in one line, and a
 restart right after ``kill -9`` of the first is not; a password planted in a URL appears in the
-output of no command."""
+output of no command; a model that no node serving it can hold is refused at once."""
 
 from __future__ import annotations
 
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +70,29 @@ def test_no_command_prints_a_password_planted_in_a_url(procs: Processes) -> None
         variable = "GEMMANET_REDIS_URL" if env is redis else "GEMMANET_DATABASE_URL"
         assert done.stderr.startswith(f"gemmanet: {variable} must not carry credentials")
         assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_model_no_node_can_hold_is_refused_at_once_not_after_the_queue(
+    procs: Processes, tmp_path: Path
+) -> None:
+    catalog = tmp_path / "capacity.toml"
+    catalog.write_text('[models."llama3:8b"]\nresident_gb = 5.5\n')
+    coord = procs.coordinator(GEMMANET_CAPACITY_FILE=str(catalog), GEMMANET_QUEUE_TIMEOUT_S="30")
+    procs.node(coord, "small-box", models=("llama3:8b",), extra=("--vram-gb", "4"))
+    key = procs.create_key()
+    began = time.monotonic()
+    answer = coord.http.post(
+        "/api/v1/request",
+        json={"model": "llama3:8b", "prompt": "hi"},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    # At once: far inside the 30 s the queue would have waited.
+    assert time.monotonic() - began < 10
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "model_never_fits"
+    assert "'llama3:8b'" in error["message"] and "is 4 GB" in error["message"], error
+    assert answer.headers["Retry-After"] == "30"
+    # The instance said so when the node connected.
+    log = Path(coord.proc.log_path).read_text()  # type: ignore[attr-defined]
+    assert "node small-box: its memory budget of 4 GB can never hold llama3:8b (5.5 GB)" in log
