@@ -2,6 +2,7 @@
 (README "Monitor and fencing", docs/interface.md for the report and the exit codes.)
 
 findings.py   pure: the settings and what was read -> the report, its reasons and exit code
+nodes.py      pure: the verdict on each agent node (facts fresh, budgets, catalog)
 observe.py    the reads: monitor lease, host facts, instance registry; ``--probe`` polls hosts
 render.py     the report as a readable table
 command.py    ``gemmanet audit``: observe, judge, print, exit code

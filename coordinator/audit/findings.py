@@ -2,13 +2,16 @@
 ``gemmanet audit --json`` prints (its shape is documented in docs/interface.md) and the exit
 code. No I/O here; ``observe.py`` does the reading.
 
-Readiness (exit 0) needs every one of: Redis answered; a monitor holds the lease; the monitor
-timing fits the staleness window (and the lease outlives a tick); the operator file lists at
-least one direct host; and every listed host has facts that are fresh — written under the
-current epoch and no older than ``GEMMANET_RESIDENCY_STALE_S`` on the store's clock — and say
-it answered the monitor's last poll. Each failure is a *reason* with a stable code. Catalog
-gaps, agent nodes that are not connected, a host over its memory budget and a failed direct
-probe are *warnings*: reported, but the scheduler can start with them.
+Readiness (exit 0) needs every one of: Redis answered; something to place on (a direct host
+in the operator file or a connected agent node); and every listed host and connected node
+ready. With direct hosts, a monitor must hold the lease and the monitor timing fit the
+staleness window (and the lease outlive a tick), and every host have facts that are fresh —
+written under the current epoch and no older than ``GEMMANET_RESIDENCY_STALE_S`` on the
+store's clock — and say it answered the monitor's last poll. An agent-only cluster needs no
+monitor. Agent nodes are judged in ``nodes.py``. Each failure is a *reason* with a stable
+code. Catalog gaps, agent nodes that are not connected or have no memory budget, a host over
+its memory budget and a failed direct probe are *warnings*: reported, but the scheduler can
+start with them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.audit.nodes import ConnectedNode, Finding, NodeObservations, judge_nodes
+from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.monitor_types import HostFacts, MonitorStatus
 from coordinator.monitor.timing import monitor_bound_s, monitor_bound_sum, monitor_timing_problems
 from coordinator.settings import Settings
@@ -42,30 +47,6 @@ EXIT_USAGE = 2
 EXIT_REDIS_UNREACHABLE = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One reason (not ready) or warning: a stable ``code``, the host, node or model it is
-    about (``subject``, None for the whole cluster) and a sentence for people."""
-
-    code: str
-    message: str
-    subject: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "subject": self.subject, "message": self.message}
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectedNode:
-    """An agent node some live instance holds, from that instance's registry snapshot."""
-
-    node_id: str
-    instance_id: str
-    models: tuple[str, ...]
-    max_parallel: int
-    vram_gb: float | None
-
-
 @dataclass(frozen=True)
 class Observed:
     """What the audit read. With ``redis_error`` set nothing else from the store is known."""
@@ -73,7 +54,10 @@ class Observed:
     redis_error: str | None = None
     monitor: MonitorStatus | None = None
     facts: dict[str, HostFacts] = field(default_factory=dict)
+    #: agent nodes of the instances in the registry (live or silent), by node id
     connected: dict[str, ConnectedNode] = field(default_factory=dict)
+    #: the node facts in the store of those nodes (what the capacity leases are judged against)
+    node_facts: dict[str, NodeFacts] = field(default_factory=dict)
     #: host id -> the audit's own poll record (``poller.poll_host``); None: ``--probe`` not asked
     probes: dict[str, dict[str, Any]] | None = None
 
@@ -155,41 +139,18 @@ def _hosts(
                 if probe is None
                 else {"reachable": bool(probe.get("reachable")), "error": probe.get("error")},
                 "ready": known and not problems,
-            }
-        )
-    return rows
-
-
-def _nodes(settings: Settings, observed: Observed, warnings: list[Finding]) -> list[dict[str, Any]]:
-    known = observed.redis_error is None
-    rows = []
-    for node_id, override in sorted(settings.capacity.nodes.items()):
-        live = observed.connected.get(node_id)
-        parallel, memory = settings.capacity.budgets(
-            node_id, live.max_parallel if live else 0, live.vram_gb if live else None
-        )
-        if known and live is None:
-            warnings.append(
-                Finding("node_not_connected", f"node {node_id}: not connected", node_id)
-            )
-        rows.append(
-            {
-                "node_id": node_id,
-                "max_parallel": parallel or None,
-                "vram_gb": memory,
-                "budget_from": "operator file"
-                if override.max_parallel is not None or override.vram_gb is not None
-                else "hello",
-                "connected": (live is not None) if known else None,
-                "instance_id": live.instance_id if live else None,
-                "models": list(live.models) if live else [],
+                "verdict": (problems[0].code if problems else "ready") if known else "unknown",
             }
         )
     return rows
 
 
 def _catalog(
-    settings: Settings, observed: Observed, hosts: list[dict[str, Any]], warnings: list[Finding]
+    settings: Settings,
+    observed: Observed,
+    hosts: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    warnings: list[Finding],
 ) -> dict[str, Any] | None:
     catalog = sorted(settings.capacity.models)
     if observed.redis_error is not None:
@@ -199,9 +160,10 @@ def _catalog(
         if row["ready"]:  # only a host placement could use serves anything
             for model in set(row["models"]) | set(row["resident"]):
                 servers.setdefault(model, set()).add(row["host_id"])
-    for node in observed.connected.values():
-        for model in node.models:
-            servers.setdefault(model, set()).add(node.node_id)
+    for node in nodes:
+        if node["ready"]:
+            for model in node["models"]:
+                servers.setdefault(model, set()).add(node["node_id"])
     unserved = [model for model in catalog if not servers.get(model)]
     for model in unserved:
         message = (
@@ -213,10 +175,13 @@ def _catalog(
         for model in row["resident"]:
             if model not in settings.capacity.models:
                 unlisted.setdefault(model, []).append(row["host_id"])
+    for node in nodes:
+        for model in node["uncatalogued"]:
+            unlisted.setdefault(model, []).append(node["node_id"])
     for model, where in sorted(unlisted.items()):
         message = (
-            f"model {model}: resident on {', '.join(where)} but not in the catalog (its memory "
-            "is not charged against the budget)"
+            f"model {model}: on {', '.join(where)} but not in the catalog (its memory is not "
+            "charged against the budget: placed on the parallel budget alone)"
         )
         warnings.append(Finding("catalog_unlisted", message, model))
     return {
@@ -235,17 +200,25 @@ def judge(settings: Settings, observed: Observed) -> AuditReport:
         message = f"Redis is unreachable: {observed.redis_error}"
         reasons.append(Finding("redis_unreachable", message))
     monitor = observed.monitor
-    if observed.redis_error is None and (monitor is None or monitor.holder is None):
+    # The monitor polls the direct hosts; agent nodes report through their instances.
+    hosted = bool(settings.capacity.hosts)
+    if hosted and observed.redis_error is None and (monitor is None or monitor.holder is None):
         message = "no monitor holds the lease: start `gemmanet monitor` (or GEMMANET_MONITOR=1)"
         reasons.append(Finding("no_monitor", message))
     timing_problems = monitor_timing_problems(settings)
-    reasons += [Finding(code, message) for code, message in timing_problems]
-    if not settings.capacity.hosts:
-        message = "the operator file (GEMMANET_CAPACITY_FILE) lists no [hosts]: nothing to place on"
+    if hosted:
+        reasons += [Finding(code, message) for code, message in timing_problems]
+    if not hosted and observed.redis_error is None and not observed.connected:
+        message = (
+            "no direct host in the operator file (GEMMANET_CAPACITY_FILE [hosts]) and no agent "
+            "node connected: nothing to place on"
+        )
         reasons.append(Finding("no_hosts", message))
     hosts = _hosts(settings, observed, reasons, warnings)
-    nodes = _nodes(settings, observed, warnings)
-    catalog = _catalog(settings, observed, hosts, warnings)
+    known = None if observed.redis_error is not None else observed
+    seen = NodeObservations(known.connected, known.node_facts) if known else None
+    nodes = judge_nodes(settings, seen, reasons, warnings)
+    catalog = _catalog(settings, observed, hosts, nodes, warnings)
     if observed.redis_error is not None:
         exit_code = EXIT_REDIS_UNREACHABLE
     else:

@@ -1,5 +1,6 @@
 """What ``gemmanet audit`` reads: from Redis, the monitor's lease and epoch, the fenced facts
-of every ``[hosts]`` entry and the instance registry (which agent nodes live instances hold);
+of every ``[hosts]`` entry, the instance registry (which agent nodes its instances hold, and
+how long ago each instance beat) and those nodes' facts;
 with ``--probe``, each host's own answer to one poll from this machine.
 
 Read-only in effect: the one call that writes is the registry read, which stamps the
@@ -32,14 +33,15 @@ _NO_STALL_RECORD_S = 3600.0
 
 
 async def _connected_nodes(
-    key_value: KeyValue, registry_role: Presence, alive_ttl_s: float
+    key_value: KeyValue, registry_role: Presence
 ) -> dict[str, ConnectedNode]:
-    """The presence registry and the members' snapshot keys, read as membership reads them."""
+    """The presence registry and the members' snapshot keys, read as membership reads them:
+    the nodes of every instance still in the registry, with how long ago that instance beat
+    (one that stopped beating is dead to its peers, and its nodes are judged stale)."""
     view = await registry_role.presence_read(PRESENCE, stall_after_s=_NO_STALL_RECORD_S)
-    # An instance that stopped beating is dead to its peers: its nodes do not count.
-    beating = [e for e in view.entries if view.now - e.last_beat <= alive_ttl_s]
+    ages = {e.member: max(0.0, view.now - e.last_beat) for e in view.entries}
     snapshots = []
-    presences = [registry.decode_presence(e.data) for e in beating]
+    presences = [registry.decode_presence(e.data) for e in view.entries]
     fetch = [snapshot_key(p.instance_id) for p in presences if p is not None and p.digest]
     stored = await key_value.get_many(fetch) if fetch else []
     for presence in presences:
@@ -61,6 +63,8 @@ async def _connected_nodes(
                 tuple(node.models),
                 node.max_parallel,
                 node.vram_gb,
+                conn_id=node.conn_id,
+                owner_age_s=ages.get(snapshot.instance_id, _NO_STALL_RECORD_S),
             )
             found[node.node_id] = (node.connected_at, live)
     return {node_id: live for node_id, (_, live) in sorted(found.items())}
@@ -73,10 +77,9 @@ async def _read_store(settings: Settings) -> Observed:
         monitor = await coordination.monitor.monitor_status()
         hosts = sorted(settings.capacity.hosts)
         facts = await coordination.monitor.host_facts(hosts) if hosts else {}
-        connected = await _connected_nodes(
-            coordination.key_value, coordination.presence, settings.alive_ttl_s
-        )
-    return Observed(monitor=monitor, facts=facts, connected=connected)
+        connected = await _connected_nodes(coordination.key_value, coordination.presence)
+        node_facts = await coordination.leases.node_facts(sorted(connected))
+    return Observed(monitor=monitor, facts=facts, connected=connected, node_facts=node_facts)
 
 
 async def _probe_hosts(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -114,5 +117,6 @@ async def observe(settings: Settings, *, probe: bool) -> Observed:
         monitor=observed.monitor,
         facts=observed.facts,
         connected=observed.connected,
+        node_facts=observed.node_facts,
         probes=probes,
     )

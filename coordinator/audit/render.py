@@ -1,5 +1,5 @@
-"""The audit report for people: a few summary lines, a table of hosts, one of agent nodes, the
-catalog, then the reasons and warnings. (``--json`` prints the document itself.)"""
+"""The audit report for people: a few summary lines, a table of hosts, one of agent nodes (each
+row with its verdict), the catalog, then the reasons and warnings. (``--json`` prints the document itself.)"""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ def _facts(host: dict[str, Any]) -> str:
     return f"{'fresh' if host['fresh'] else 'STALE'} {host['age_s']:.1f} s, epoch {host['epoch']}"
 
 
+def _node_facts(node: dict[str, Any]) -> str:
+    if node["owner_age_s"] is None:
+        return "-"
+    if not node["has_facts"]:
+        return "none"
+    state = "fresh" if node["fresh"] else "STALE"
+    return f"{state}, owner beat {node['owner_age_s']:.1f} s ago"
+
+
 def _host_row(host: dict[str, Any]) -> list[str]:
     resident = ", ".join(f"{m} {gb:g} GB" for m, gb in sorted(host["resident"].items())) or "-"
     row = [
@@ -41,6 +50,7 @@ def _host_row(host: dict[str, Any]) -> list[str]:
         _facts(host),
         _budget(host["memory_gb"], host["max_parallel"]),
         resident,
+        host["verdict"],
     ]
     if host["probe"] is not None:
         row.insert(3, "ok" if host["probe"]["reachable"] else "FAILED")
@@ -71,7 +81,7 @@ def render_text(doc: dict[str, Any]) -> str:
     )
     if doc["hosts"]:
         probed = any(host["probe"] is not None for host in doc["hosts"])
-        header = ["HOST", "KIND", "REACHABLE", "FACTS", "BUDGET", "RESIDENT"]
+        header = ["HOST", "KIND", "REACHABLE", "FACTS", "BUDGET", "RESIDENT", "VERDICT"]
         if probed:
             header.insert(3, "PROBE")
         lines += ["", *_table(header, [_host_row(host) for host in doc["hosts"]])]
@@ -81,12 +91,15 @@ def render_text(doc: dict[str, Any]) -> str:
                 node["node_id"],
                 _yes_no(node["connected"])
                 + (f" ({node['instance_id']})" if node["instance_id"] else ""),
+                _node_facts(node),
                 _budget(node["vram_gb"], node["max_parallel"]),
                 ", ".join(node["models"]) or "-",
+                node["verdict"],
             ]
             for node in doc["nodes"]
         ]
-        lines += ["", *_table(["NODE", "CONNECTED", "BUDGET", "MODELS"], rows)]
+        header = ["NODE", "CONNECTED", "FACTS", "BUDGET", "MODELS", "VERDICT"]
+        lines += ["", *_table(header, rows)]
     catalog = doc["catalog"]
     if catalog is not None and catalog["models"]:
         served = "; ".join(

@@ -174,6 +174,9 @@ class Leases(Protocol):
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
         """Forget the node's facts if they are still those of ``conn_id``."""
 
+    async def node_facts(self, node_ids: Sequence[str]) -> dict[str, NodeFacts]:
+        """The recorded facts of each of ``node_ids`` that has some (``gemmanet audit``)."""
+
     async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
         """Reserve a candidate node for the request, or queue it, in one atomic step."""
 

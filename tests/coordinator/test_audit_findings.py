@@ -9,8 +9,10 @@ import pytest
 
 from coordinator.audit.findings import ConnectedNode, Observed, judge
 from coordinator.audit.observe import _connected_nodes
+from coordinator.audit.render import render_text
 from coordinator.capacity import parse_capacity
 from coordinator.coordination import keys
+from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.monitor_types import HostFacts, MonitorStatus
 from coordinator.core import registry
@@ -30,6 +32,8 @@ memory_gb = 8
 """
 SETTINGS = Settings(capacity=parse_capacity(OPERATOR_FILE), redis_url="redis://r:6379/0")
 MONITOR = MonitorStatus(holder="m1", lease_epoch=3, epoch=3, fenced_rejects=0)
+#: box-1's facts as its instance A writes them (the operator file's 24 GB over its hello's 8)
+NODE_FACTS = {"box-1": NodeFacts("box-1", "c-1", "A", 4, 24.0, {})}
 
 
 def facts(
@@ -118,11 +122,14 @@ def test_redis_unreachable_is_exit_3_and_still_judges_the_settings() -> None:
 
 
 def test_catalog_gaps_are_warnings_and_only_ready_hosts_serve() -> None:
-    node = ConnectedNode("box-1", "A", ("gemma:2b",), 4, 8.0)
+    node = ConnectedNode("box-1", "A", ("gemma:2b",), 4, 8.0, conn_id="c-1", owner_age_s=0.4)
     ready = judge(
         SETTINGS,
         Observed(
-            monitor=MONITOR, facts=facts(resident={"qwen:0.5b": 0.4}), connected={"box-1": node}
+            monitor=MONITOR,
+            facts=facts(resident={"qwen:0.5b": 0.4}),
+            connected={"box-1": node},
+            node_facts=NODE_FACTS,
         ),
     )
     assert ready.exit_code == 0
@@ -133,7 +140,9 @@ def test_catalog_gaps_are_warnings_and_only_ready_hosts_serve() -> None:
     # The node's budgets: the operator file's memory, its hello's parallelism.
     assert ready.document["nodes"][0] == {
         "node_id": "box-1", "max_parallel": 4, "vram_gb": 24.0, "budget_from": "operator file",
-        "connected": True, "instance_id": "A", "models": ["gemma:2b"],
+        "parallel_from": "hello", "connected": True, "instance_id": "A", "models": ["gemma:2b"],
+        "owner_age_s": 0.4, "has_facts": True, "fresh": True, "uncatalogued": [],
+        "verdict": "ready", "ready": True,
     }  # fmt: skip
     # A stale host serves nothing: its models become gaps, and box-1 is not connected.
     stale = judge(SETTINGS, Observed(monitor=MONITOR, facts=facts(age_s=99)))
@@ -153,7 +162,7 @@ def test_resident_models_over_the_hosts_memory_budget_are_a_warning() -> None:
     assert "over_memory_budget" not in [w.code for w in fits.warnings]
 
 
-async def test_only_nodes_of_instances_beating_within_the_ttl_count_as_connected() -> None:
+async def test_nodes_are_listed_with_how_long_ago_their_instance_beat() -> None:
     now = [1000.0]
     coordination = MemoryCoordination(lambda: now[0])
 
@@ -178,17 +187,27 @@ async def test_only_nodes_of_instances_beating_within_the_ttl_count_as_connected
     now[0] += 1.5
     # box-2 reconnected on A: the newer connection wins, whichever instance is read first.
     await beat("A", ("box-2", 9.0))
-    found = await _connected_nodes(coordination.key_value, coordination.presence, alive_ttl_s=2.0)
+    found = await _connected_nodes(coordination.key_value, coordination.presence)
     assert {n: c.instance_id for n, c in found.items()} == {"box-1": "B", "box-2": "A"}
-    now[0] += 1.0  # B last beat 2.5 s ago: dead to its peers, and so are its nodes
-    found = await _connected_nodes(coordination.key_value, coordination.presence, alive_ttl_s=2.0)
-    assert {n: c.instance_id for n, c in found.items()} == {"box-2": "A"}
+    now[0] += 1.0  # B last beat 2.5 s ago: dead to its peers (judged stale: below)
+    found = await _connected_nodes(coordination.key_value, coordination.presence)
+    assert {n: (c.instance_id, c.owner_age_s) for n, c in found.items()} == {
+        "box-1": ("B", 2.5),
+        "box-2": ("A", 1.0),
+    }
+    assert found["box-1"].conn_id == "B-box-1"
 
 
 def test_the_json_document_has_exactly_the_documented_keys() -> None:
     """docs/interface.md "The audit report": scripts rely on these names."""
-    node = ConnectedNode("box-1", "A", ("gemma:2b",), 4, 8.0)
-    observed = Observed(monitor=MONITOR, facts=facts(), connected={"box-1": node}, probes={})
+    node = ConnectedNode("box-1", "A", ("gemma:2b",), 4, 8.0, conn_id="c-1")
+    observed = Observed(
+        monitor=MONITOR,
+        facts=facts(),
+        connected={"box-1": node},
+        node_facts=NODE_FACTS,
+        probes={},
+    )
     doc = judge(SETTINGS, observed).document
     assert list(doc) == [
         "ready", "exit_code", "redis", "monitor", "timing", "hosts", "nodes", "catalog",
@@ -203,8 +222,93 @@ def test_the_json_document_has_exactly_the_documented_keys() -> None:
     assert set(doc["hosts"][0]) == {
         "host_id", "kind", "url", "memory_gb", "max_parallel", "weight", "has_facts",
         "reachable", "error", "age_s", "epoch", "fresh", "resident", "models", "probe", "ready",
+        "verdict",
     }  # fmt: skip
     assert set(doc["nodes"][0]) == {
-        "node_id", "max_parallel", "vram_gb", "budget_from", "connected", "instance_id", "models",
+        "node_id", "max_parallel", "vram_gb", "budget_from", "parallel_from", "connected",
+        "instance_id", "models", "owner_age_s", "has_facts", "fresh", "uncatalogued", "verdict",
+        "ready",
     }  # fmt: skip
     assert set(doc["catalog"]) == {"models", "served_by", "unserved", "unlisted"}
+
+
+# -- agent-only deployments: no direct host, no monitor -----------------------------------------
+
+AGENT_ONLY = Settings(
+    capacity=parse_capacity('[models."llama3:8b"]\nresident_gb = 5.5\n'),
+    redis_url="redis://r:6379/0",
+)
+
+
+def agents(*nodes: tuple[str, str, float], vram_gb: float | None = 8.0) -> Observed:
+    """Nodes (id, instance, owner beat age) serving llama3:8b, each with its own facts."""
+    connected = {
+        node_id: ConnectedNode(node_id, instance, ("llama3:8b",), 2, vram_gb, f"c-{node_id}", age)
+        for node_id, instance, age in nodes
+    }
+    node_facts = {
+        node_id: NodeFacts(node_id, f"c-{node_id}", instance, 2, vram_gb, {})
+        for node_id, instance, _ in nodes
+    }
+    return Observed(connected=connected, node_facts=node_facts)
+
+
+def test_a_healthy_agent_only_cluster_is_ready_without_monitor_or_hosts() -> None:
+    report = judge(AGENT_ONLY, agents(("n1", "A", 0.3), ("n2", "B", 0.6)))
+    assert report.exit_code == 0 and report.reasons == [] and report.warnings == []
+    assert [(n["node_id"], n["instance_id"], n["verdict"]) for n in report.document["nodes"]] == [
+        ("n1", "A", "ready"),
+        ("n2", "B", "ready"),
+    ]
+    assert report.document["catalog"]["served_by"] == {"llama3:8b": ["n1", "n2"]}
+    # The monitor timing is shown but judges nothing without hosts.
+    slow = AGENT_ONLY.with_(residency_stale_s=5.0)
+    assert judge(slow, agents(("n1", "A", 0.3))).exit_code == 0
+    text = render_text(report.document)
+    assert text.startswith("gemmanet audit: READY (exit 0)")
+    assert "n2    yes (B)    fresh, owner beat 0.6 s ago" in text
+
+
+def test_an_agent_node_whose_instance_went_silent_is_named_stale() -> None:
+    # B beat 2.5 s ago: past GEMMANET_ALIVE_TTL_S (2 s), its peers no longer place on n2.
+    report = judge(AGENT_ONLY, agents(("n1", "A", 0.3), ("n2", "B", 2.5)))
+    assert report.exit_code == 1
+    assert [(f.code, f.subject) for f in report.reasons] == [("stale_facts", "n2")]
+    assert "instance B last beat 2.5 s ago" in report.reasons[0].message
+    n1, n2 = report.document["nodes"]
+    assert (n1["ready"], n2["ready"], n2["fresh"], n2["verdict"]) == (
+        True,
+        False,
+        False,
+        "stale_facts",
+    )
+    assert report.document["catalog"]["served_by"] == {"llama3:8b": ["n1"]}
+    assert "NOT READY" in render_text(report.document)
+
+
+def test_missing_or_foreign_node_facts_are_reasons() -> None:
+    observed = agents(("n1", "A", 0.1), ("n2", "A", 0.1))
+    del observed.node_facts["n1"]
+    observed.node_facts["n2"] = NodeFacts("n2", "c-older", "B", 2, 8.0, {})
+    assert [(f.code, f.subject) for f in judge(AGENT_ONLY, observed).reasons] == [
+        ("no_facts", "n1"),
+        ("stale_facts", "n2"),
+    ]
+    # Nothing to place on at all.
+    assert reason_codes(Observed(), AGENT_ONLY) == [("no_hosts", None)]
+
+
+def test_agent_node_warnings_budgets_catalog_and_never_fitting_models() -> None:
+    observed = agents(("n1", "A", 0.1), vram_gb=None)
+    observed.connected["n2"] = ConnectedNode("n2", "A", ("llama3:8b", "qwen"), 2, 4.0, "c-n2")
+    observed.node_facts["n2"] = NodeFacts("n2", "c-n2", "A", 3, 4.0, {})  # another file's 3
+    report = judge(AGENT_ONLY, observed)
+    assert report.exit_code == 0
+    assert [(w.code, w.subject) for w in report.warnings] == [
+        ("no_memory_budget", "n1"),
+        ("budget_mismatch", "n2"),
+        ("model_never_fits", "n2"),
+        ("catalog_unlisted", "qwen"),
+    ]
+    assert report.document["catalog"]["unlisted"] == {"qwen": ["n2"]}
+    assert report.document["nodes"][1]["uncatalogued"] == ["qwen"]

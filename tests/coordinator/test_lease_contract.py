@@ -182,6 +182,22 @@ async def test_facts_written_together_are_each_node_s_own(backend: Backend) -> N
     assert (await c.leases.lease_usage(["n1"]))["n1"].memory_gb == pytest.approx(5.0)  # resident a
 
 
+async def test_the_facts_read_back_as_written_until_dropped(backend: Backend) -> None:
+    c = backend.coord
+    written = [
+        NodeFacts("n1", "c1", "O", 1, 10.5, {"a": 4.0, "b": 0.5}),
+        NodeFacts("n2", "c2", "P", 3, None, {}),
+    ]
+    await c.leases.put_many_node_facts(written)
+    assert await c.leases.node_facts(["n1", "n2", "unknown"]) == {
+        "n1": written[0],
+        "n2": written[1],
+    }
+    assert await c.leases.node_facts([]) == {}
+    await c.leases.drop_node_facts("n1", "c1")
+    assert await c.leases.node_facts(["n1", "n2"]) == {"n2": written[1]}
+
+
 async def test_stale_when_the_owner_stops_beating(backend: Backend) -> None:
     c = backend.coord
     await beat(c, "O", "A")

@@ -121,11 +121,14 @@ def test_audit_exit_codes_from_no_monitor_to_ready_to_stale(
     assert host["probe"] == {"reachable": True, "error": None}
     box1, box2 = report["nodes"]
     # box-1's budgets: the operator file's parallel and memory override its hello's 4.
-    assert box1 == {
+    assert {k: v for k, v in box1.items() if k != "owner_age_s"} == {
         "node_id": "box-1", "max_parallel": 2, "vram_gb": 24.0, "budget_from": "operator file",
-        "connected": True, "instance_id": "A", "models": ["mistral:7b"],
+        "parallel_from": "operator file", "connected": True, "instance_id": "A",
+        "models": ["mistral:7b"], "has_facts": True, "fresh": True, "uncatalogued": [],
+        "verdict": "ready", "ready": True,
     }  # fmt: skip
-    assert box2["connected"] is False
+    assert 0 <= box1["owner_age_s"] <= 2
+    assert box2["connected"] is False and box2["verdict"] == "not_connected"
     catalog = report["catalog"]
     assert catalog["served_by"] == {
         "gemma:2b": [], "llama3:8b": ["box-c"], "mistral:7b": ["box-1"]
@@ -210,3 +213,36 @@ def test_audit_without_redis_is_one_line_exit_2() -> None:
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "audit needs GEMMANET_REDIS_URL" in done.stderr
+
+
+def test_an_agent_only_cluster_is_ready_and_a_silent_instance_s_node_is_named(
+    procs: Processes, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Two instances, one agent node on each, no direct host and no monitor: READY, every
+    node listed; with B frozen past GEMMANET_ALIVE_TTL_S, NOT READY naming B's node."""
+    catalog = tmp_path / "capacity.toml"
+    catalog.write_text('[models."gemma:2b"]\nresident_gb = 1.7\n')
+    procs.share_redis(redis_server, "agents", GEMMANET_CAPACITY_FILE=str(catalog))
+    a, b = procs.two_instances()
+    for coord, node_id in ((a, "agent-a"), (b, "agent-b")):
+        procs.node(coord, node_id, models=("gemma:2b",), extra=("--vram-gb", "8"))
+    code, report = audit(procs.env)
+    assert code == 0, report
+    assert report["ready"] is True and report["reasons"] == [] and report["warnings"] == []
+    assert [(n["node_id"], n["instance_id"], n["verdict"]) for n in report["nodes"]] == [
+        ("agent-a", "A", "ready"),
+        ("agent-b", "B", "ready"),
+    ]
+    assert report["hosts"] == [] and report["monitor"]["holder"] is None
+    assert report["catalog"]["served_by"] == {"gemma:2b": ["agent-a", "agent-b"]}
+
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        code, report = wait_until(
+            lambda: (r := audit(procs.env))[0] == 1 and r, "agent-b stale", timeout_s=30
+        )
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    assert codes(report) == [("stale_facts", "agent-b")], report
+    assert "instance B last beat" in report["reasons"][0]["message"]
+    assert [n["verdict"] for n in report["nodes"]] == ["ready", "stale_facts"]

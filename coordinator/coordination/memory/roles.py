@@ -147,6 +147,11 @@ class MemoryLeases:
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
         (await self._link.enter()).leases.drop_facts(node_id, conn_id)
 
+    async def node_facts(self, node_ids: Sequence[str]) -> dict[str, NodeFacts]:
+        leases = (await self._link.enter()).leases
+        found = {node_id: leases.facts(node_id) for node_id in node_ids}
+        return {node_id: facts for node_id, facts in found.items() if facts is not None}
+
     async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
         state = await self._link.enter()
         return state.leases.admit(ask, rules, state.now())

@@ -88,6 +88,18 @@ class RedisLeases:
         # One HSET replaces each node's record atomically; no script needed.
         await self._link.execute("HSET lease facts", b"HSET", self._name(LEASE_FACTS), *fields)
 
+    async def node_facts(self, node_ids: Sequence[str]) -> dict[str, NodeFacts]:
+        if not node_ids:
+            return {}
+        raw = await self._link.execute(
+            "HMGET lease facts", b"HMGET", self._name(LEASE_FACTS), *node_ids
+        )
+        return {
+            node_id: _facts_of(node_id, json.loads(record))
+            for node_id, record in zip(node_ids, raw, strict=True)
+            if record is not None
+        }
+
     async def drop_node_facts(self, node_id: str, conn_id: str) -> None:
         await self._link.run_script(DROP_FACTS, [self._name(LEASE_FACTS)], [node_id, conn_id])
 
@@ -188,6 +200,18 @@ class RedisLeases:
             keys += self._queue_keys(model)
         reply = await self._link.run_script(QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s)])
         return {model: int(depth) for model, depth in zip(models, reply, strict=True)}
+
+
+def _facts_of(node_id: str, record: dict[str, Any]) -> NodeFacts:
+    """``_facts_record`` read back."""
+    return NodeFacts(
+        node_id=node_id,
+        conn_id=record["conn"],
+        instance_id=record["instance"],
+        max_parallel=int(record["max_parallel"]),
+        memory_gb=record.get("memory_gb"),
+        resident={str(model): float(gb) for model, gb in record.get("resident") or []},
+    )
 
 
 def _facts_record(facts: NodeFacts) -> str:
