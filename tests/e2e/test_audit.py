@@ -219,10 +219,14 @@ def test_an_agent_only_cluster_is_ready_and_a_silent_instance_s_node_is_named(
     procs: Processes, redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """Two instances, one agent node on each, no direct host and no monitor: READY, every
-    node listed; with B frozen past GEMMANET_ALIVE_TTL_S, NOT READY naming B's node."""
+    node listed; with B frozen past GEMMANET_ALIVE_TTL_S, NOT READY naming B's node (and the
+    node on A still ready)."""
     catalog = tmp_path / "capacity.toml"
     catalog.write_text('[models."gemma:2b"]\nresident_gb = 1.7\n')
-    procs.share_redis(redis_server, "agents", GEMMANET_CAPACITY_FILE=str(catalog))
+    # A 1.5 s TTL (accepted by serve, like the audit's reading of it) shortens the freeze.
+    procs.share_redis(
+        redis_server, "agents", GEMMANET_CAPACITY_FILE=str(catalog), GEMMANET_ALIVE_TTL_S="1.5"
+    )
     a, b = procs.two_instances()
     for coord, node_id in ((a, "agent-a"), (b, "agent-b")):
         procs.node(coord, node_id, models=("gemma:2b",), extra=("--vram-gb", "8"))
