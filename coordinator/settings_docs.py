@@ -18,9 +18,11 @@ __all__ = ["EXTRA_VARIABLES", "GROUPS", "MEANINGS"]
 EXTRA_VARIABLES: dict[str, tuple[str, str]] = {
     "GEMMANET_LOG_FORMAT": (
         "text",
-        "every command's log on stderr: `text` (`<time> <LEVEL> <logger>: <message>`) or "
-        "`json` (one object per line, see *Logs*). Anything else is refused with one line, "
-        "exit 2",
+        (
+            "every command's log on stderr: `text` (`<time> <LEVEL> <logger>: <message>`) or "
+            "`json` (one object per line, see *Logs*). Anything else is refused with one line, "
+            "exit 2"
+        ),
     ),
 }
 
