@@ -126,3 +126,12 @@ def test_user_docs_carry_no_work_diary(path: Path) -> None:
         f"{path.relative_to(ROOT)}: {found} (commits and dates belong in docs/benchmarks.md; "
         "internal issue numbers nowhere)"
     )
+
+
+def test_the_readme_links_resolve() -> None:
+    # The README lies outside the docs site, so mkdocs does not check its links.
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert targets
+    missing = [t for t in targets if not t.startswith("http") and not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
