@@ -135,3 +135,10 @@ def test_the_readme_links_resolve() -> None:
     assert targets
     missing = [t for t in targets if not t.startswith("http") and not (ROOT / t).exists()]
     assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_the_readme_stays_short() -> None:
+    # The README says what GemmaNet is, the quick start, the tests and a map; the rest lives in
+    # a guide under docs/ (mkdocs.yml's nav).
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move the detail into docs/"
