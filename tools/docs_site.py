@@ -4,15 +4,17 @@ The document is built from the app itself (``create_app`` with the embedded defa
 is started, nothing is fetched), so the site's copy cannot drift from what ``GET /openapi.json``
 serves. It becomes ``reference/openapi.json`` in the built site, and the page
 ``reference/openapi.md`` gets a table of every route, method and status from it appended.
-Offline: no CDN, no viewer script, only the JSON and a table.
+Offline: no CDN, no viewer script, only the JSON and a table. Every page also gets the pipes of
+its tables' code spans as Python-Markdown reads them (``unescape_table_code``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-__all__ = ["openapi_document", "routes_table"]
+__all__ = ["openapi_document", "routes_table", "unescape_table_code"]
 
 _PAGE = "reference/openapi.md"
 _JSON = "reference/openapi.json"
@@ -67,7 +69,25 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def unescape_table_code(markdown: str) -> str:
+    """``\\|`` inside a code span of a table row as ``|``.
+
+    GitHub needs the pipe of a code span in a table escaped, and shows it unescaped; Python-
+    Markdown already keeps a code span's pipes out of the cell split, and would show the
+    backslash. The pages are written for GitHub; the site gets them as Python-Markdown wants.
+    """
+    lines = markdown.split("\n")
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith("|") and "\\|" in line:
+            lines[index] = _CODE_SPAN.sub(lambda m: m.group(0).replace("\\|", "|"), line)
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    markdown = unescape_table_code(markdown)
     if page.file.src_uri != _PAGE or _document is None:
         return markdown
     return markdown.rstrip() + "\n\n" + routes_table(_document) + "\n"
