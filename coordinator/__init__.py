@@ -5,6 +5,7 @@ versions.py       the check that a dependency is a release our workarounds know
 cli.py            the ``gemmanet`` command line
 cli_help.py       its help: the settings each command lists, -v on every command
 settings.py       GEMMANET_* environment settings
+settings_docs.py  what each setting means, for the generated reference (docs/interface.md)
 capacity.py       the operator file: per-node budgets and the model catalog
 logging_setup.py  GEMMANET_LOG_FORMAT: the root log handler, text or one JSON object per line
 log_redaction.py  the filter that masks secrets in every log line

@@ -68,7 +68,7 @@ async def run_instance(
             if settings.metrics_port is not None:
                 await nursery.start(serve_metrics, instance.metrics, settings)
             if settings.monitor:
-                # A monitor candidate in this instance (README "Monitor and fencing").
+                # A monitor candidate in this instance (docs/direct-hosts.md).
                 from coordinator.monitor.loop import run_monitor
 
                 await nursery.start(
