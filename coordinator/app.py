@@ -26,6 +26,7 @@ from coordinator.runtime.cluster.single_instance_lock import (
     refuse_mixed_modes,
 )
 from coordinator.runtime.instance import Instance
+from coordinator.runtime.lifecycle import LifecycleWatch
 from coordinator.server import hypercorn_patches
 from coordinator.settings import Settings
 from coordinator.store import Store
@@ -65,6 +66,9 @@ async def run_instance(
                     )
                 )
             await nursery.start(instance.run)
+            # Revocations (keys and nodes) and the last-used / last-seen writes.
+            watch = LifecycleWatch(settings.instance_id, store, instance.nodes, instance.apply)
+            await nursery.start(watch.run)
             if settings.metrics_port is not None:
                 await nursery.start(serve_metrics, instance.metrics, settings)
             if settings.monitor:
