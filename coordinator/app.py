@@ -9,6 +9,7 @@ from quart_schema import QuartSchema
 from quart_trio import QuartTrio
 
 from coordinator import __version__
+from coordinator.api.admin_routes import register_admin_routes
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.metrics_http import install_metrics, serve_metrics
 from coordinator.api.node_websocket import ServeNode, serve_node_sockets_first
@@ -134,6 +135,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     install_error_handlers(app)
     register_routes(app)
     register_usage_routes(app)
+    register_admin_routes(app)
     register_openai_routes(app)
     register_ollama_routes(app)
     register_system_health(app)
