@@ -15,6 +15,7 @@ latest. Expiry needs no epoch: it is compared with the wall clock on every use, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -75,14 +76,20 @@ class CachedAuth:
         self._generation += 1
 
     async def authenticate(self, key_hash: str) -> ApiKey | None:
-        cached = self._cache.get(key_hash)
-        if cached is not None and await self._trusted():
-            return self._accept(key_hash, cached)
+        if self._cache.get(key_hash) is not None and await self._trusted():
+            # Read again: the epoch read that vouched for the cache may just have emptied it.
+            cached = self._cache.get(key_hash)
+            if cached is not None:
+                return self._accept(key_hash, cached)
+        if self._epoch is None:
+            # A baseline first: an answer cached before any epoch read could never be judged.
+            with contextlib.suppress(StoreError):
+                await self.check()
         generation = self._generation
         record = await self._lookup(key_hash)
         if record is None:
             return None
-        if generation == self._generation:
+        if generation == self._generation and self._epoch is not None:
             self._cache.put(key_hash, record)
         return self._accept(key_hash, record)
 
