@@ -8,8 +8,9 @@
     POST /api/v1/admin/nodes/{node_id}/revoke    its socket closed with 4001 within 1 s
 
 Every change goes to the store's change log as made by ``api:<the admin key's id>``. After a
-change the answering instance reads the revocation epoch at once (its own cache and nodes
-follow immediately); the others read it within half a second (``store/auth.py``).
+change the answering instance reads the revocation epoch before it answers (its cache is
+emptied, its nodes checked at once); the others read it within half a second
+(``store/auth.py``).
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ def actor(api_key: ApiKey) -> str:
 
 
 async def honour_now(inst: Instance) -> None:
-    """Read the revocation epoch now: this instance drops its cache and checks its nodes
-    before answering (the watch would within half a second anyway)."""
+    """Read the revocation epoch now: this instance drops its cache before answering and
+    checks its nodes at once (the watch would within half a second anyway)."""
     try:
-        await inst.store.auth.check()
+        await inst.store.auth.check(fresh=True)
     except StoreError as exc:
         log.warning("could not read the revocation epoch after a change: %s", exc)
 

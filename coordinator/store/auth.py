@@ -111,12 +111,17 @@ class CachedAuth:
             return False
         return self._clock() - self._checked_at <= self._trust_s
 
-    async def check(self) -> None:
-        """Read the revocation epoch (joining a read already under way); on a move, drop
-        every cached answer and tell ``on_revocation``. Raises StoreError when it cannot."""
+    async def check(self, *, fresh: bool = False) -> None:
+        """Read the revocation epoch (joining a read already under way; with ``fresh``, only
+        one begun after this call); on a move, drop every cached answer and tell
+        ``on_revocation``. Raises StoreError when it cannot."""
         if self._checking is not None:
             await self._checking.wait()
-            return
+            if not fresh:
+                return
+            if self._checking is not None:  # begun after our call: it sees what we need
+                await self._checking.wait()
+                return
         self._checking = done = trio.Event()
         try:
             started = self._clock()

@@ -6,6 +6,7 @@ and the authentication cache honouring a revocation made by another process with
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 
 import pytest
 import sqlalchemy as sa
@@ -251,3 +252,31 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations_are_refused_with_a_sentence(text: str) -> None:
     with pytest.raises(ValueError, match="duration|lifetime"):
         parse_duration(text)
+
+
+async def test_a_fresh_check_does_not_settle_for_a_read_begun_before_it() -> None:
+    # The admin API revokes, then reads the epoch before answering: joining the watch's read
+    # begun before the revocation would answer with the cache still full.
+    epoch, reads, release = [0], [], trio.Event()
+
+    async def read_epoch() -> int:
+        reads.append(epoch[0])
+        if len(reads) == 2:
+            await release.wait()  # the watch's read, slow, begun before the revocation
+        return reads[-1]
+
+    async def lookup(key_hash: str) -> ApiKey | None:
+        return ApiKey("key_a", "alice")
+
+    auth = CachedAuth(
+        lookup, read_epoch, ttl_s=30, max_size=10, clock=trio.current_time, wall_clock=lambda: T0
+    )
+    await auth.check()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(auth.check)
+        await trio.testing.wait_all_tasks_blocked()
+        epoch[0] = 1  # the revocation commits while that read is under way
+        nursery.start_soon(partial(auth.check, fresh=True))  # as honour_now asks
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+    assert auth.epoch == 1 and reads == [0, 0, 1]
