@@ -184,6 +184,7 @@ class Store:
                 )
                 .add_columns(api_keys.c.expires_at)
                 .where(api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None))
+                .where(_unexpired(self._wall_clock()))
             ).first()
         if row is None or not tokens.digests_equal(row.key_hash, key_hash):
             return None
@@ -397,6 +398,10 @@ class Store:
     async def node_ratings(self) -> dict[str, tuple[float, int]]:
         """node_id -> (mean score, number of ratings), over every rated task of that node."""
         return await self._run(self.node_ratings_sync)
+
+
+def _unexpired(now: float) -> sa.ColumnElement[bool]:
+    return sa.or_(api_keys.c.expires_at.is_(None), api_keys.c.expires_at > now)
 
 
 def check_key_name(name: str) -> None:

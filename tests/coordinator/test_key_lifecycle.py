@@ -52,6 +52,9 @@ async def test_list_expire_rotate_revoke_and_the_change_log(database_url: str) -
         )
         assert (alice.expires_at, alice.revoked_at, alice.last_used_at) == (T0 + 3600, None, None)
         assert alice.state(T0) == "active" and alice.state(T0 + 3600) == "expired"
+        wall[0] = T0 + 3600  # the uncached lookup (the CLI's, a cache miss) refuses it too
+        assert store.authenticate_api_key_sync(secret) is None
+        wall[0] = T0 + 1
         assert listed_ops.admin and listed_ops.expires_at is None
 
         # Rotation: same id, name and expiry; the old secret is refused, the new one works.
