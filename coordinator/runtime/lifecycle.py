@@ -78,8 +78,22 @@ class LifecycleWatch:
                 nursery.start_soon(self._write_uses)
                 task_status.started()
         finally:
+            # A graceful stop: the uses not yet written, and our nodes as gone (their sockets
+            # close with the instance), so `nodes list` does not wait 150 s to say so.
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await self._flush_uses(final=True)
+                await self._forget_nodes()
+
+    async def _forget_nodes(self) -> None:
+        try:
+            await self._store.run_sync(
+                self._store.lifecycle.write_nodes_gone,
+                self._instance_id,
+                set(self._known),
+                self._wall_clock(),
+            )
+        except StoreError as exc:
+            log.warning("cannot write that this instance's nodes left: %s", exc)
 
     # ------------------------------------------------------------------ API keys
 
@@ -143,8 +157,8 @@ class LifecycleWatch:
         seen = set(current) if write_all else new - revoked
         if seen:
             await self._store.run_sync(lifecycle.write_nodes_seen, self._instance_id, seen, now)
-        for node_id in sorted(gone):
-            await self._store.run_sync(lifecycle.write_node_gone, self._instance_id, node_id, now)
+        if gone:
+            await self._store.run_sync(lifecycle.write_nodes_gone, self._instance_id, gone, now)
         # Only once written: a failed write is tried again at the next look. (A revoked node
         # seen here stays known; its going is written once its socket is gone.)
         self._known = current

@@ -217,13 +217,16 @@ class Lifecycle:
             )
 
     @translate_errors
-    def write_node_gone(self, instance_id: str, node_id: str, at: float) -> None:
-        """The node's socket on ``instance_id`` closed (a newer one elsewhere is left alone)."""
+    def write_nodes_gone(self, instance_id: str, node_ids: Iterable[str], at: float) -> None:
+        """The nodes' sockets on ``instance_id`` closed (a newer one elsewhere is left alone)."""
+        wanted = sorted(set(node_ids))
+        if not wanted:
+            return
         c = node_tokens.c
         with self._engine.begin() as conn:
             conn.execute(
                 node_tokens.update()
-                .where(c.node_id == node_id, c.online_instance_id == instance_id)
+                .where(c.node_id.in_(wanted), c.online_instance_id == instance_id)
                 .values(last_seen_at=at, online_instance_id=None)
             )
 

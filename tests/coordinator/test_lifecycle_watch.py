@@ -5,6 +5,8 @@ as gone), the uses of keys in batches."""
 
 from __future__ import annotations
 
+import trio
+
 from coordinator.core.effects import CloseNode, Effect
 from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.runtime.lifecycle import REVOKED_REASON, LifecycleWatch
@@ -73,3 +75,10 @@ async def test_revoked_nodes_are_closed_and_comings_and_goings_written(
         await watch._flush_uses()
         [info] = cli.lifecycle.list_keys()
         assert info.last_used_at == 1100.0
+
+        # A graceful stop writes this instance's nodes as gone.
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watch.run)
+            nursery.cancel_scope.cancel()
+        a = {n.node_id: n for n in cli.lifecycle.list_nodes()}["a"]
+        assert (a.online_instance_id, a.last_seen_at) == (None, 1100.0)
