@@ -76,11 +76,13 @@ class CachedAuth:
         self._generation += 1
 
     async def authenticate(self, key_hash: str) -> ApiKey | None:
-        if self._cache.get(key_hash) is not None and await self._trusted():
-            # Read again: the epoch read that vouched for the cache may just have emptied it.
-            cached = self._cache.get(key_hash)
-            if cached is not None:
-                return self._accept(key_hash, cached)
+        cached = self._cache.get(key_hash)
+        if cached is not None and self._clock() - self._checked_at > self._trust_s:
+            # Not vouched for lately: read the epoch first, then the cache again (that read
+            # may just have emptied it).
+            cached = self._cache.get(key_hash) if await self._recheck() else None
+        if cached is not None:
+            return self._accept(key_hash, cached)
         if self._epoch is None:
             # A baseline first: an answer cached before any epoch read could never be judged.
             with contextlib.suppress(StoreError):
@@ -100,9 +102,8 @@ class CachedAuth:
         self.uses.touch(record.key_id)
         return record
 
-    async def _trusted(self) -> bool:
-        if self._clock() - self._checked_at <= self._trust_s:
-            return True
+    async def _recheck(self) -> bool:
+        """Read the epoch; whether the cache may be trusted now."""
         try:
             await self.check()
         except StoreError as exc:
