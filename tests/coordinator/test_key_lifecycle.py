@@ -6,11 +6,14 @@ and the authentication cache honouring a revocation made by another process with
 from __future__ import annotations
 
 import hashlib
+import math
 from functools import partial
 
 import pytest
 import sqlalchemy as sa
 import trio
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from coordinator.store import (
     ApiKey,
@@ -283,3 +286,54 @@ async def test_a_fresh_check_does_not_settle_for_a_read_begun_before_it() -> Non
         await trio.testing.wait_all_tasks_blocked()
         release.set()
     assert auth.epoch == 1 and reads == [0, 0, 1]
+
+
+Step = tuple[str, int | float]
+STEPS = st.one_of(
+    st.tuples(st.just("wait"), st.floats(0, 0.6)),
+    st.tuples(st.just("revoke"), st.integers(0, 1)),
+    st.tuples(st.just("watch"), st.just(0)),
+    st.tuples(st.just("ask"), st.integers(0, 1)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(STEPS, max_size=40))
+@example([("ask", 0), ("revoke", 0), ("wait", 0.5), ("wait", 0.5), ("ask", 0)])
+def test_no_revoked_key_outlives_the_trust_window_and_no_valid_key_is_refused(
+    steps: list[Step],
+) -> None:
+    # Against a reference model: the database is a dict, another process revokes keys (and
+    # bumps the epoch); the instance's watch runs at arbitrary times or not at all.
+    now, epoch = [0.0], [0]
+    revoked_at: dict[int, float] = {}
+    records = {i: ApiKey(f"key_{i}", f"k{i}") for i in range(2)}
+
+    async def lookup(key_hash: str) -> ApiKey | None:
+        i = int(key_hash)
+        return None if i in revoked_at else records[i]
+
+    async def read_epoch() -> int:
+        return epoch[0]
+
+    async def run() -> None:
+        auth = CachedAuth(
+            lookup, read_epoch, ttl_s=30, max_size=10, clock=lambda: now[0], wall_clock=lambda: T0
+        )
+        for op, arg in steps:
+            if op == "wait":
+                now[0] += arg
+            elif op == "revoke" and arg not in revoked_at:
+                revoked_at[int(arg)] = now[0]
+                epoch[0] += 1
+            elif op == "watch":
+                await auth.check()
+            elif op == "ask":
+                got = await auth.authenticate(str(arg))
+                since = now[0] - revoked_at.get(int(arg), math.inf)
+                if since == -math.inf:
+                    assert got == records[int(arg)], "a valid key was refused"
+                elif since > TRUST_S:
+                    assert got is None, f"revoked {since:.3f} s ago and still accepted"
+
+    trio.run(run)
