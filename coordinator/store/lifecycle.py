@@ -36,6 +36,16 @@ def log_change(conn: Connection, at: float, actor: str | None, action: str, subj
     log.info("%s %s by %s", action, subject, who)
 
 
+def ensure_epoch_row(conn: Connection) -> None:
+    """Create the revocation epoch's one row if it is missing (at open, under the schema lock
+    on PostgreSQL; a concurrent opener's duplicate is retried by ``create_tables``)."""
+    present = conn.execute(
+        sa.select(revocation_epoch.c.id).where(revocation_epoch.c.id == _EPOCH_ROW)
+    ).first()
+    if present is None:
+        conn.execute(revocation_epoch.insert().values(id=_EPOCH_ROW, epoch=0))
+
+
 def bump_epoch(conn: Connection) -> None:
     """Move the revocation epoch on, in the caller's transaction (the row lock orders bumps)."""
     moved = conn.execute(
@@ -43,9 +53,7 @@ def bump_epoch(conn: Connection) -> None:
         .where(revocation_epoch.c.id == _EPOCH_ROW)
         .values(epoch=revocation_epoch.c.epoch + 1)
     ).rowcount
-    if not moved:
-        # The first bump ever. Two first bumps at once: one insert fails its transaction
-        # (IntegrityError), and that revocation is reported failed rather than lost.
+    if not moved:  # the row is made at open (``ensure_epoch_row``); a database emptied since
         conn.execute(revocation_epoch.insert().values(id=_EPOCH_ROW, epoch=1))
 
 
