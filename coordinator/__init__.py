@@ -4,6 +4,7 @@ app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
 versions.py       the check that a dependency is a release our workarounds know
 cli.py            the ``gemmanet`` command line
 cli_help.py       its help: the settings each command lists, -v on every command
+cli_keys.py       ``gemmanet keys list|revoke|rotate`` and ``gemmanet nodes list|revoke``
 settings.py       GEMMANET_* environment settings
 settings_docs.py  what each setting means, for the generated reference (docs/interface.md)
 capacity.py       the operator file: per-node budgets and the model catalog
@@ -16,7 +17,8 @@ core/             pure decisions: the cluster machine, placement, task tracking,
 runtime/          the trio shell: node sockets, dispatch, membership, supervision, the lock
 coordination/     shared coordination state (memory and Redis backends, with the exact
                   rate limiter) and the instance bus
-store/            the durable SQL store (API keys, node tokens, tasks, ratings)
+store/            the durable SQL store (API keys, node tokens, tasks, ratings) and the
+                  key and node lifecycle (revocation, expiry, rotation, the change log)
 server/           ``gemmanet serve`` on Hypercorn, its workarounds, GC and heap tuning
 monitor/          the elected residency monitor: election, host polls, fenced facts,
                   ``gemmanet monitor`` and ``gemmanet prove-takeover``

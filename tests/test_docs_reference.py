@@ -91,8 +91,9 @@ def test_troubleshooting_explains_every_code() -> None:
 #: A commit hash: 7-40 hex digits with at least one digit and one letter.
 _HASH = re.compile(r"(?<![\w/#-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])")
 _ISSUE = re.compile(r"\bissues? #?\d+\b|(?<![\w&/])#\d+\b|\bseed 0\d\d\b|§\s?\d", re.IGNORECASE)
-#: A calendar date (an ISO timestamp in an example, with its T, is not a diary entry).
-_DATE = re.compile(r"\b20\d\d-\d\d-\d\d(?!T)\b")
+#: A calendar date (a timestamp in an example, the date with its time of day after a T or a
+#: space, is not a diary entry).
+_DATE = re.compile(r"\b20\d\d-\d\d-\d\d(?![T ]\d\d:)\b")
 _URL = re.compile(r"https?://\S+")
 
 
@@ -113,6 +114,7 @@ def test_the_scan_finds_what_it_looks_for() -> None:
     assert (
         diary_entries(
             "see https://github.com/x/y/issues/330, ts 2026-12-01T02:51:28Z, 1,044,480 bytes, "
+            "created 2026-12-03 06:35:47Z, "
             "interface.md#settings, gn_… keys, a 2e6 figure, the seed 7 run"
         )
         == []

@@ -11,6 +11,7 @@ from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Engine, make_url
 
 from .errors import StoreError, StoreUnavailable
+from .lifecycle import ensure_epoch_row
 from .migrations import add_missing_columns
 from .schema import metadata
 
@@ -110,6 +111,7 @@ def create_tables(engine: Engine, *, attempts: int = 3) -> None:
                     )
                 metadata.create_all(conn, checkfirst=True)
                 add_missing_columns(conn)
+                ensure_epoch_row(conn)
             return
         except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
             if attempt == attempts or not _is_creation_race(exc):
