@@ -4,7 +4,9 @@ app.py            Quart-Trio app factory (``create_app``) and ``run_instance``
 versions.py       the check that a dependency is a release our workarounds know
 cli.py            the ``gemmanet`` command line
 cli_help.py       its help: the settings each command lists, -v on every command
+cli_keys.py       ``gemmanet keys list|revoke|rotate`` and ``gemmanet nodes list|revoke``
 settings.py       GEMMANET_* environment settings
+settings_docs.py  what each setting means, for the generated reference (docs/interface.md)
 capacity.py       the operator file: per-node budgets and the model catalog
 logging_setup.py  GEMMANET_LOG_FORMAT: the root log handler, text or one JSON object per line
 log_redaction.py  the filter that masks secrets in every log line
@@ -16,7 +18,8 @@ core/             pure decisions: the cluster machine, placement, task tracking,
 runtime/          the trio shell: node sockets, dispatch, membership, supervision, the lock
 coordination/     shared coordination state (memory and Redis backends, with the exact
                   rate limiter) and the instance bus
-store/            the durable SQL store (API keys, node tokens, tasks, ratings)
+store/            the durable SQL store (API keys, node tokens, tasks, ratings) and the
+                  key and node lifecycle (revocation, expiry, rotation, the change log)
 server/           ``gemmanet serve`` on Hypercorn, its workarounds, GC and heap tuning
 monitor/          the elected residency monitor: election, host polls, fenced facts,
                   ``gemmanet monitor`` and ``gemmanet prove-takeover``

@@ -9,6 +9,7 @@ from quart_schema import QuartSchema
 from quart_trio import QuartTrio
 
 from coordinator import __version__
+from coordinator.api.admin_routes import register_admin_routes
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.metrics_http import install_metrics, serve_metrics
 from coordinator.api.node_websocket import ServeNode, serve_node_sockets_first
@@ -26,6 +27,7 @@ from coordinator.runtime.cluster.single_instance_lock import (
     refuse_mixed_modes,
 )
 from coordinator.runtime.instance import Instance
+from coordinator.runtime.lifecycle import LifecycleWatch
 from coordinator.server import hypercorn_patches
 from coordinator.settings import Settings
 from coordinator.store import Store
@@ -69,10 +71,13 @@ async def run_instance(
                     )
                 )
             await nursery.start(instance.run)
+            # Revocations (keys and nodes) and the last-used / last-seen writes.
+            watch = LifecycleWatch(settings.instance_id, store, instance.nodes, instance.apply)
+            await nursery.start(watch.run)
             if settings.metrics_port is not None:
                 await nursery.start(serve_metrics, instance.metrics, settings)
             if settings.monitor:
-                # A monitor candidate in this instance (README "Monitor and fencing").
+                # A monitor candidate in this instance (docs/direct-hosts.md).
                 from coordinator.monitor.loop import run_monitor
 
                 await nursery.start(
@@ -136,6 +141,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     install_error_handlers(app)
     register_routes(app)
     register_usage_routes(app)
+    register_admin_routes(app)
     register_openai_routes(app)
     register_ollama_routes(app)
     register_system_health(app)

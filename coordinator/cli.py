@@ -25,6 +25,7 @@ from coordinator.cli_help import (
     settings_epilog,
     verbose_everywhere,
 )
+from coordinator.cli_keys import add_lifecycle_commands
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -57,20 +58,30 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
+    import time
+
+    from coordinator.cli_keys import cli_actor, when
     from coordinator.settings import Settings
-    from coordinator.store import Store, check_key_name
+    from coordinator.store import Store, check_key_name, parse_duration
 
     try:
         check_key_name(args.name)
     except ValueError as exc:
         return _fail(f"--name: {exc}", 2)
+    try:
+        expires_at = None if args.expires is None else time.time() + parse_duration(args.expires)
+    except ValueError as exc:
+        return _fail(f"--expires: {exc}", 2)
     store = Store.open(Settings.from_env().database_url)
     try:
-        record, key = store.create_api_key_sync(args.name, admin=args.admin)
+        record, key = store.create_api_key_sync(
+            args.name, admin=args.admin, expires_at=expires_at, actor=cli_actor()
+        )
     finally:
         store.close()
     kind = "operator (admin) API key" if record.admin else "API key"
-    print(f"created {kind} {record.key_id} named {record.name!r}; it is shown only once:")
+    expiry = "" if expires_at is None else f", expiring {when(expires_at)}"
+    print(f"created {kind} {record.key_id} named {record.name!r}{expiry}; shown only once:")
     print(key)
     return 0
 
@@ -83,9 +94,11 @@ def _nodes_enroll(args: argparse.Namespace) -> int:
         check_node_id(args.node_id)
     except ValueError as exc:
         return _fail(f"--node-id: {exc}", 2)
+    from coordinator.cli_keys import cli_actor
+
     store = Store.open(Settings.from_env().database_url)
     try:
-        token = store.enroll_node_sync(args.node_id)
+        token = store.enroll_node_sync(args.node_id, actor=cli_actor())
     finally:
         store.close()
     print(f"enrolled node {args.node_id}; any earlier token of it is revoked. Token:")
@@ -291,6 +304,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="an operator key: also sees node details and the queue per model on "
         "/system-health and /api/v1/cluster",
     )
+    create.add_argument(
+        "--expires",
+        metavar="DURATION",
+        default=None,
+        help="refuse the key after this long: 30d, 12h, 90m, 2w, 1d12h (default: never)",
+    )
     if wanted("keys"):
         settings_epilog(create, ("database_url",))
     create.set_defaults(handler=_keys_create)
@@ -305,6 +324,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if wanted("nodes"):
         settings_epilog(enroll, ("database_url",))
     enroll.set_defaults(handler=_nodes_enroll)
+    add_lifecycle_commands(
+        keys,
+        nodes,
+        _fail,
+        lambda p: settings_epilog(p, ("database_url",)) if wanted(p.prog.split()[1]) else None,
+    )
 
     node = sub.add_parser("node", help="run a node agent that serves tasks")
     if wanted("node"):

@@ -12,9 +12,12 @@ error code and, where a node socket closes because of it, its close code.
     │   └── TaskForbidden*              forbidden            a task of another API key
     ├── NotFound                    404 not_found
     │   ├── TaskNotFound*               task_not_found
+    │   ├── UnknownKey*                 unknown_key          no API key with that id
+    │   ├── NodeNotEnrolled*            unknown_node         no node enrolled with that id
     │   └── UnknownNode                 unknown_node         no such node (telemetry)
     ├── Conflict                    409 conflict
-    │   └── AlreadyRated*               already_rated
+    │   ├── AlreadyRated*               already_rated
+    │   └── KeyRevoked*                 key_revoked          rotating a revoked key
     ├── PayloadTooLarge             413 payload_too_large
     ├── InvalidFields               422 invalid_request
     ├── RateLimited                 429 rate_limited         (Retry-After)
@@ -56,11 +59,13 @@ __all__ = [
     "Forbidden",
     "GemmaNetError",
     "InvalidFields",
+    "KeyRevoked",
     "MalformedJson",
     "ModelNeverFits",
     "NoNodeForModel",
     "NodeDisconnected",
     "NodeFailed",
+    "NodeNotEnrolled",
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
@@ -74,6 +79,7 @@ __all__ = [
     "TooManyActive",
     "Unauthorized",
     "Unavailable",
+    "UnknownKey",
     "UnknownNode",
     "UnsupportedContent",
     "UnsupportedParameter",
@@ -292,3 +298,21 @@ class AlreadyRated(StoreError, Conflict):
     """The task already has a rating; a task is rated at most once."""
 
     status, code = 409, "already_rated"
+
+
+class UnknownKey(StoreError, NotFound):
+    """No API key has that id (``gemmanet keys revoke|rotate``, the admin API)."""
+
+    status, code = 404, "unknown_key"
+
+
+class NodeNotEnrolled(StoreError, NotFound):
+    """No node was ever enrolled with that id (``gemmanet nodes revoke``, the admin API)."""
+
+    status, code = 404, "unknown_node"
+
+
+class KeyRevoked(StoreError, Conflict):
+    """The key is revoked: it cannot be rotated back to life (create a new one)."""
+
+    status, code = 409, "key_revoked"

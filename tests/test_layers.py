@@ -1,4 +1,4 @@
-"""The layers of the README's Design section, checked on the source of all four packages: every
+"""The layers of the Layers of docs/design.md, checked on the source of all four packages: every
 arrow points down, and nothing imports in a circle, neither two modules nor two packages.
 
 From the top; an arrow may point down, or sideways inside one package (where the coordinator's

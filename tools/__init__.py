@@ -8,4 +8,6 @@
 * ``tools.loadtest`` - ``gemmanet loadtest``: the seed's load profile against real processes.
 * ``tools.bench`` - benchmarks that print ratios measured side by side.
 * ``tools/run-tests.sh`` - the whole test suite, installing what it needs.
+* ``tools.docs_settings`` - writes the settings tables of docs/interface.md from the settings.
+* ``tools.docs_site`` - the MkDocs hook that puts the OpenAPI document into the docs site.
 """

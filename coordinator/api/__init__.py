@@ -5,6 +5,8 @@ routes.py           the native routes (/api/v1/..., /healthz) and the opening ev
 schemas.py          their request and response Structs
 usage_routes.py     GET /api/v1/usage: tokens per key and model over a time window
 usage_schemas.py    its query and response Structs
+admin_routes.py     /api/v1/admin/...: API keys and nodes (list, create, revoke, rotate), operators only
+admin_schemas.py    their request and response Structs
 responses.py        typed JSON responses
 errors.py           every error as the native JSON body
 task_runs.py        one task as every route runs it (whole, or streamed event by event)

@@ -85,7 +85,7 @@ async def authenticate() -> ApiKey:
         )
     api_key = await instance().store.authenticate_api_key(key.strip())
     if api_key is None:
-        raise Unauthorized("unknown API key")
+        raise Unauthorized("unknown, revoked or expired API key")
     return api_key
 
 

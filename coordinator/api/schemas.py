@@ -166,7 +166,7 @@ class NodeInfo(_Response):
     # they and the resident models use against ``vram_gb``, in GB.
     leases: int | None
     memory_in_use_gb: float | None
-    # The node's latest host telemetry sample from its heartbeats (README "Host telemetry"),
+    # The node's latest host telemetry sample from its heartbeats (docs/observability.md "Host telemetry"),
     # as stored by its owner instance; None when it sent none (or the store cannot be read).
     telemetry: TelemetrySample | None = None
     # "agent": a node connected over WebSocket; "direct": a direct model host of the operator

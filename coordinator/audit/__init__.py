@@ -1,5 +1,5 @@
 """``gemmanet audit``: is the cluster ready for the scheduler to place on direct hosts?
-(README "Monitor and fencing", docs/interface.md for the report and the exit codes.)
+(docs/direct-hosts.md, docs/interface.md for the report and the exit codes.)
 
 findings.py   pure: the settings and what was read -> the report, its reasons and exit code
 nodes.py      pure: the verdict on each agent node (facts fresh, budgets, catalog)

@@ -66,7 +66,7 @@ def create_coordination(
     from coordinator.coordination.redis.connect.tls import private_ca_context
     from coordinator.coordination.redis.coordination import RedisCoordination
 
-    # With a CA file, the server certificate is verified against it (README "Redis identities
+    # With a CA file, the server certificate is verified against it (docs/redis.md "Redis identities
     # and TLS"); without, coredis reads the rediss:// URL's ssl_* parameters itself.
     ssl_context = private_ca_context(ca_file, cert_file, key_file) if ca_file else None
     return RedisCoordination.from_url_and_password_file(

@@ -1,5 +1,5 @@
 """The elected residency monitor: one primary polls every direct host of the operator file and
-writes fenced facts; standbys wait to take over (README "Monitor and fencing").
+writes fenced facts; standbys wait to take over (docs/direct-hosts.md).
 
 timing.py          the start-up timing bound every monitor and instance checks
 election.py        one candidate's hold on the monitor lease and its fencing token

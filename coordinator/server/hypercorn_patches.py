@@ -33,7 +33,7 @@ the behaviour upstream (tests/e2e/test_http_edges.py shows each one).
   and shrinks the block to what arrived; a 64 KiB block comes from glibc's heap, its freed tail
   is soon taken by longer-lived allocations, and the holes left (40-64 KiB, just too small for
   the next read) made the main heap grow under steady load while Python's own allocations
-  stayed flat: about half the RSS growth ``gemmanet loadtest`` measured (README "Load test";
+  stayed flat: about half the RSS growth ``gemmanet loadtest`` measured (docs/benchmarks.md "Load test";
   the rest was in the worker threads' arenas, ``heap_trim``). A coordinator's requests and node
   frames are small; a 1 MiB prompt takes 256 reads instead of 16.
 

@@ -60,7 +60,7 @@ def check_failover_bound(settings: Settings) -> None:
 
 
 def check_store_outage_bound(settings: Settings) -> None:
-    """Say in one line, at start, when the store outage bound (README "Redis failures") does
+    """Say in one line, at start, when the store outage bound (docs/redis.md "Redis failures") does
     not fit in a request's own budget: such requests fail sooner on a silent store. Not a
     refusal: a short queue timeout is a choice (fail fast rather than wait)."""
     budget = min(settings.queue_timeout_s, settings.task_timeout_s)

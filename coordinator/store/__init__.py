@@ -5,6 +5,11 @@ SQLAlchemy Core on a sync engine (SQLite by default, PostgreSQL by changing the 
 async methods the server calls run in worker threads. Secrets are stored as SHA-256 digests.
 
 store.py       ``Store``: API keys, node tokens, finished tasks and their ratings
+lifecycle.py   listing, revoking, rotating keys and nodes; the change log; the revocation epoch
+auth.py        the authentication cache, emptied within a second of a revocation anywhere
+last_used.py   when each key was last used, noted per request, written in batches
+expiry.py      key lifetimes (``30d``) and whether a node's "online" record is still fresh
+translate.py   driver failures mapped to the store's errors
 engine.py      GEMMANET_DATABASE_URL as a configured engine with the tables in place
 embedded_lock.py  one process per database without Redis: a file lock or an advisory lock
 schema.py      the tables, in SQLAlchemy Core, portable across SQLite and PostgreSQL
@@ -19,23 +24,40 @@ errors.py      its errors (defined in ``coordinator.errors``: one hierarchy)
 from __future__ import annotations
 
 from .engine import normalize_url
-from .errors import AlreadyRated, StoreError, StoreUnavailable, TaskForbidden, TaskNotFound
-from .records import ApiKey, TaskRecord, UsageRow
+from .errors import (
+    AlreadyRated,
+    KeyRevoked,
+    NodeNotEnrolled,
+    StoreError,
+    StoreUnavailable,
+    TaskForbidden,
+    TaskNotFound,
+    UnknownKey,
+)
+from .expiry import online_on, parse_duration
+from .records import ApiKey, KeyInfo, NodeRecord, TaskRecord, UsageRow
 from .store import Store, check_key_name, check_node_id
 from .usage import check_usage_window
 
 __all__ = [
     "AlreadyRated",
     "ApiKey",
+    "KeyInfo",
+    "KeyRevoked",
+    "NodeNotEnrolled",
+    "NodeRecord",
     "Store",
     "StoreError",
     "StoreUnavailable",
     "TaskForbidden",
     "TaskNotFound",
     "TaskRecord",
+    "UnknownKey",
     "UsageRow",
     "check_key_name",
     "check_node_id",
     "check_usage_window",
     "normalize_url",
+    "online_on",
+    "parse_duration",
 ]

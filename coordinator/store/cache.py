@@ -40,6 +40,9 @@ class TtlCache(Generic[V]):
         while len(self._entries) > self._max_size:
             self._entries.popitem(last=False)
 
+    def discard(self, key: str) -> None:
+        self._entries.pop(key, None)
+
     def clear(self) -> None:
         self._entries.clear()
 

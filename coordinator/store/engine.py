@@ -13,6 +13,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from coordinator.url_credentials import hide_credentials
 
 from .errors import StoreError, StoreUnavailable
+from .lifecycle import ensure_epoch_row
 from .migrations import add_missing_columns
 from .schema import metadata
 
@@ -113,6 +114,7 @@ def create_tables(engine: Engine, *, attempts: int = 3) -> None:
                     )
                 metadata.create_all(conn, checkfirst=True)
                 add_missing_columns(conn)
+                ensure_epoch_row(conn)
             return
         except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
             if attempt == attempts or not _is_creation_race(exc):

@@ -13,7 +13,7 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .schema import api_keys, tasks
+from .schema import api_keys, node_tokens, tasks
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,14 @@ ADDED_COLUMNS: tuple[tuple[sa.Table, str], ...] = (
     (api_keys, "is_admin"),
     (tasks, "prompt_tokens"),
     (tasks, "completion_tokens"),
+    # key and node lifecycle
+    (api_keys, "expires_at"),
+    (api_keys, "revoked_at"),
+    (api_keys, "last_used_at"),
+    (api_keys, "rotated_at"),
+    (node_tokens, "revoked_at"),
+    (node_tokens, "last_seen_at"),
+    (node_tokens, "online_instance_id"),
 )
 
 

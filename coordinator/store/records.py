@@ -15,6 +15,9 @@ class ApiKey:
     name: str
     #: an operator key: may see node details (``gemmanet keys create --admin``)
     admin: bool = False
+    #: wall-clock unix seconds after which the key is refused (None: never); checked on every
+    #: use, cached or not
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,25 @@ class TaskRecord:
         return max(0.0, (self.finished_at - self.created_at) * 1000.0)
 
 
+def task_row(record: TaskRecord) -> dict[str, object]:
+    """The ``tasks`` row of a record (both writers use it, so neither misses a column)."""
+    return {
+        "task_id": record.task_id,
+        "key_id": record.key_id,
+        "node_id": record.node_id,
+        "model": record.model,
+        "status": record.status,
+        "error_code": record.error_code,
+        "created_at": record.created_at,
+        "finished_at": record.finished_at,
+        "latency_ms": record.latency_ms,
+        "stream": record.stream,
+        "instance_id": record.instance_id,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class UsageRow:
     """Token usage of one key on one model over a time window (``Store.usage``)."""
@@ -56,3 +78,38 @@ class UsageRow:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """An API key as ``gemmanet keys list`` shows it (never its secret). Unix seconds."""
+
+    key_id: str
+    name: str
+    admin: bool
+    created_at: float
+    #: the newest use any instance wrote down (batched: up to about a minute behind)
+    last_used_at: float | None
+    expires_at: float | None
+    revoked_at: float | None
+
+    def state(self, now: float) -> str:
+        """``revoked``, ``expired`` or ``active`` at wall-clock time ``now``."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """An enrolled node identity as ``gemmanet nodes list`` shows it. Unix seconds."""
+
+    node_id: str
+    enrolled_at: float
+    #: when an instance last wrote that it holds the node's socket (about once a minute)
+    last_seen_at: float | None
+    #: the instance that holds its socket as the store last heard (None: not connected)
+    online_instance_id: str | None
+    revoked_at: float | None

@@ -25,6 +25,12 @@ api_keys = sa.Table(
     sa.Column("is_admin", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ux_api_keys_key_hash", "key_hash", unique=True),
 )
+# Key lifecycle (``lifecycle.py``), added after the first release: NULL means never / none.
+api_keys.append_column(sa.Column("expires_at", sa.Float, nullable=True))
+api_keys.append_column(sa.Column("revoked_at", sa.Float, nullable=True))
+# Written in batches off the request path (``last_used.py``): up to a minute behind.
+api_keys.append_column(sa.Column("last_used_at", sa.Float, nullable=True))
+api_keys.append_column(sa.Column("rotated_at", sa.Float, nullable=True))
 
 node_tokens = sa.Table(
     "node_tokens",
@@ -33,6 +39,34 @@ node_tokens = sa.Table(
     # SHA-256 hex digest of the current token; re-enrolling overwrites it.
     sa.Column("token_hash", sa.String(64), nullable=False),
     sa.Column("enrolled_at", sa.Float, nullable=False),
+)
+# Node lifecycle, added after the first release. A revoked node's token is refused; enrolling
+# it again clears ``revoked_at``. ``online_instance_id`` is the instance holding its socket as
+# last written (cleared when it leaves); ``last_seen_at`` is refreshed about once a minute.
+node_tokens.append_column(sa.Column("revoked_at", sa.Float, nullable=True))
+node_tokens.append_column(sa.Column("last_seen_at", sa.Float, nullable=True))
+node_tokens.append_column(sa.Column("online_instance_id", sa.String(255), nullable=True))
+
+#: Who changed which key or node, and when (the CLI: the OS user; the admin API: its key id).
+admin_log = sa.Table(
+    "admin_log",
+    metadata,
+    sa.Column("event_id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("actor", sa.String(255), nullable=False),
+    # key.create, key.revoke, key.rotate, node.enroll, node.revoke
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("subject", sa.String(255), nullable=False),
+    sa.Index("ix_admin_log_subject", "subject"),
+)
+
+#: One row: a counter every revocation (and rotation) bumps in its own transaction. Each
+#: instance reads it about twice a second and drops its cached authentications when it moved.
+revocation_epoch = sa.Table(
+    "revocation_epoch",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
 )
 
 tasks = sa.Table(

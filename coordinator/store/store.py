@@ -7,12 +7,11 @@ blocks on the database and the pool is never asked for more connections than it 
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import sqlalchemy as sa
 import trio
@@ -21,46 +20,21 @@ from sqlalchemy.engine import URL, Connection, Engine
 from protocol.constraints import MAX_IDENTIFIER_LENGTH, is_identifier
 
 from . import tokens
-from .cache import TtlCache
+from .auth import AUTH_CACHE_SIZE, AUTH_CACHE_TTL_S, CachedAuth
 from .engine import create_engine, create_tables, is_sqlite_memory, normalize_url, safe_url
-from .errors import AlreadyRated, StoreError, StoreUnavailable, TaskForbidden, TaskNotFound
-from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow
+from .errors import AlreadyRated, StoreError, TaskForbidden, TaskNotFound
+from .lifecycle import Lifecycle, log_change
+from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow, task_row
 from .schema import api_keys, node_tokens, ratings, tasks
+from .translate import translate_errors as _translate_errors
 from .usage import check_usage_window, usage_query, usage_rows
 
 log = logging.getLogger(__name__)
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 DEFAULT_MAX_THREADS = 8
-AUTH_CACHE_TTL_S = 30.0
-AUTH_CACHE_SIZE = 4096
 MAX_NAME_LENGTH = 255
-
-
-def _translate_errors(fn: Callable[P, T]) -> Callable[P, T]:
-    """Map driver failures to the store's hierarchy; errors already ours pass through."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except StoreError:
-            raise
-        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
-            raise StoreUnavailable(f"database unavailable: {_reason(exc)}") from exc
-        except sa.exc.SQLAlchemyError as exc:
-            raise StoreError(f"database error: {_reason(exc)}") from exc
-
-    return wrapper
-
-
-def _reason(exc: sa.exc.SQLAlchemyError) -> str:
-    # The driver's message only; SQLAlchemy's own str() would append the statement parameters,
-    # which include secret digests and should not end up in logs.
-    orig = getattr(exc, "orig", None)
-    return str(orig if orig is not None else exc.__class__.__name__).strip().splitlines()[0]
 
 
 class Store:
@@ -80,8 +54,16 @@ class Store:
         self._max_threads = max_threads
         self._limiter: trio.CapacityLimiter | None = None
         self._wall_clock = wall_clock
-        self._auth_cache: TtlCache[ApiKey] = TtlCache(
-            ttl_s=auth_cache_ttl_s, max_size=auth_cache_size, clock=clock
+        #: listing, revoking, rotating keys and nodes; the batched last-used writes
+        self.lifecycle = Lifecycle(engine, wall_clock)
+        #: the authentication cache and the revocation epoch that keeps it honest
+        self.auth = CachedAuth(
+            lambda key_hash: self._run(_translate_errors(self._lookup_api_key), key_hash),
+            lambda: self._run(_translate_errors(self.lifecycle.read_epoch)),
+            ttl_s=auth_cache_ttl_s,
+            max_size=auth_cache_size,
+            clock=clock,
+            wall_clock=wall_clock,
         )
 
     @classmethod
@@ -116,7 +98,7 @@ class Store:
         )
 
     def close(self) -> None:
-        self._auth_cache.clear()
+        self.auth.clear()
         self._engine.dispose()
 
     def __enter__(self) -> Self:
@@ -139,6 +121,10 @@ class Store:
 
     # ------------------------------------------------------------------ plumbing
 
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a synchronous operation of the store (``lifecycle``'s) in a worker thread."""
+        return await self._run(fn, *args)
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._limiter is None:
             # Made lazily so a Store opened outside trio (CLI, fixtures) binds to no run.
@@ -154,22 +140,33 @@ class Store:
     # ------------------------------------------------------------------ API keys
 
     @_translate_errors
-    def create_api_key_sync(self, name: str, *, admin: bool = False) -> tuple[ApiKey, str]:
-        """Create a client API key (an operator key with ``admin``). Returns the record and the
-        plaintext key, shown only once."""
+    def create_api_key_sync(
+        self,
+        name: str,
+        *,
+        admin: bool = False,
+        expires_at: float | None = None,
+        actor: str | None = None,
+    ) -> tuple[ApiKey, str]:
+        """Create a client API key (an operator key with ``admin``; refused from
+        ``expires_at``, unix seconds, when given). Returns the record and the plaintext key,
+        shown only once. ``actor`` (who asked) goes to the change log."""
         check_key_name(name)
         plaintext = tokens.new_api_key()
-        record = ApiKey(key_id=tokens.new_key_id(), name=name, admin=admin)
+        record = ApiKey(key_id=tokens.new_key_id(), name=name, admin=admin, expires_at=expires_at)
+        now = self._wall_clock()
         with self._transaction() as conn:
             conn.execute(
                 api_keys.insert().values(
                     key_id=record.key_id,
                     name=record.name,
                     key_hash=tokens.digest(plaintext),
-                    created_at=self._wall_clock(),
+                    created_at=now,
                     is_admin=admin,
+                    expires_at=expires_at,
                 )
             )
+            log_change(conn, now, actor, "key.create", record.key_id)
         log.info("created %sAPI key %s (%s)", "admin " if admin else "", record.key_id, name)
         return record, plaintext
 
@@ -184,36 +181,37 @@ class Store:
             row = conn.execute(
                 sa.select(
                     api_keys.c.key_id, api_keys.c.name, api_keys.c.key_hash, api_keys.c.is_admin
-                ).where(api_keys.c.key_hash == key_hash)
+                )
+                .add_columns(api_keys.c.expires_at)
+                .where(api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None))
+                .where(_unexpired(self._wall_clock()))
             ).first()
         if row is None or not tokens.digests_equal(row.key_hash, key_hash):
             return None
-        return ApiKey(key_id=row.key_id, name=row.name, admin=bool(row.is_admin))
+        return ApiKey(
+            key_id=row.key_id, name=row.name, admin=bool(row.is_admin), expires_at=row.expires_at
+        )
 
     async def authenticate_api_key(self, plaintext: str) -> ApiKey | None:
-        """The key's record, or None when it is unknown or malformed.
+        """The key's record, or None when it is unknown, malformed, revoked or expired.
 
-        Positive answers are cached for ~30 s (bounded), since this runs on every request.
+        Positive answers are cached for ~30 s (bounded), since this runs on every request; a
+        revocation anywhere empties the cache within a second (``auth.CachedAuth``).
         """
         if not tokens.looks_like(plaintext, tokens.API_KEY_PREFIX):
             return None
-        key_hash = tokens.digest(plaintext)
-        cached = self._auth_cache.get(key_hash)
-        if cached is not None:
-            return cached
-        record = await self._run(_translate_errors(self._lookup_api_key), key_hash)
-        if record is not None:
-            self._auth_cache.put(key_hash, record)
-        return record
+        return await self.auth.authenticate(tokens.digest(plaintext))
 
     # ------------------------------------------------------------------ node tokens
 
     @_translate_errors
-    def enroll_node_sync(self, node_id: str) -> str:
-        """Issue a token for ``node_id``; any earlier token of that node stops working."""
+    def enroll_node_sync(self, node_id: str, *, actor: str | None = None) -> str:
+        """Issue a token for ``node_id``; any earlier token of that node stops working (and a
+        revocation of it is lifted). ``actor`` (who asked) goes to the change log."""
         check_node_id(node_id)
         plaintext = tokens.new_node_token()
-        values = {"token_hash": tokens.digest(plaintext), "enrolled_at": self._wall_clock()}
+        now = self._wall_clock()
+        values = {"token_hash": tokens.digest(plaintext), "enrolled_at": now, "revoked_at": None}
         for attempt in range(2):
             try:
                 with self._transaction() as conn:
@@ -224,6 +222,7 @@ class Store:
                     ).rowcount
                     if not updated:
                         conn.execute(node_tokens.insert().values(node_id=node_id, **values))
+                    log_change(conn, now, actor, "node.enroll", node_id)
                 break
             except sa.exc.IntegrityError:
                 # Another process enrolled the same node between our update and insert; the
@@ -239,14 +238,17 @@ class Store:
             return False
         with self._engine.connect() as conn:
             stored = conn.execute(
-                sa.select(node_tokens.c.token_hash).where(node_tokens.c.node_id == node_id)
+                sa.select(node_tokens.c.token_hash).where(
+                    node_tokens.c.node_id == node_id, node_tokens.c.revoked_at.is_(None)
+                )
             ).scalar_one_or_none()
         if stored is None:
             return False
         return tokens.digests_equal(stored, tokens.digest(token))
 
     async def verify_node_token(self, node_id: str, token: str) -> bool:
-        """True only for the node's current token (not cached: re-enrolling takes effect now)."""
+        """True only for the node's current token, unless revoked (not cached: re-enrolling
+        and revoking take effect now)."""
         return await self._run(self.verify_node_token_sync, node_id, token)
 
     # ------------------------------------------------------------------ tasks
@@ -257,7 +259,7 @@ class Store:
             raise ValueError(f"task status must be one of {sorted(TASK_STATUSES)}")
         try:
             with self._transaction() as conn:
-                conn.execute(tasks.insert().values(**_task_row(record)))
+                conn.execute(tasks.insert().values(**task_row(record)))
         except sa.exc.IntegrityError as exc:
             raise StoreError(f"task {record.task_id} was already recorded") from exc
 
@@ -272,7 +274,7 @@ class Store:
         for record in records:
             if record.status not in TASK_STATUSES:
                 raise ValueError(f"task status must be one of {sorted(TASK_STATUSES)}")
-        rows = [_task_row(r) for r in records]
+        rows = [task_row(r) for r in records]
         if not rows:
             return 0
         try:
@@ -398,23 +400,8 @@ class Store:
         return await self._run(self.node_ratings_sync)
 
 
-def _task_row(record: TaskRecord) -> dict[str, object]:
-    """The ``tasks`` row of a record (both writers use it, so neither misses a column)."""
-    return {
-        "task_id": record.task_id,
-        "key_id": record.key_id,
-        "node_id": record.node_id,
-        "model": record.model,
-        "status": record.status,
-        "error_code": record.error_code,
-        "created_at": record.created_at,
-        "finished_at": record.finished_at,
-        "latency_ms": record.latency_ms,
-        "stream": record.stream,
-        "instance_id": record.instance_id,
-        "prompt_tokens": record.prompt_tokens,
-        "completion_tokens": record.completion_tokens,
-    }
+def _unexpired(now: float) -> sa.ColumnElement[bool]:
+    return sa.or_(api_keys.c.expires_at.is_(None), api_keys.c.expires_at > now)
 
 
 def check_key_name(name: str) -> None:

@@ -1,5 +1,5 @@
 """The coordinator process's garbage collector settings (coordinator/server/gc_tuning.py); their
-effect at 10,000 nodes is measured by ``python -m tools.bench.scale`` (README "Scale")."""
+effect at 10,000 nodes is measured by ``python -m tools.bench.scale`` (docs/design.md "Scale")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The C heap of a coordinator process stays as large as what it holds (README "Load test": RSS
+"""The C heap of a coordinator process stays as large as what it holds (docs/benchmarks.md "Load test": RSS
 over the steady phase): 4 KiB socket reads (coordinator/server/hypercorn_patches.py) and the periodic
 ``malloc_trim`` (coordinator/server/heap_trim.py). Each case runs in a fresh interpreter, so the heap
 it measures is its own; glibc only (``mallinfo2``, ``malloc_trim``)."""

@@ -179,6 +179,25 @@ async def test_the_check_reads_the_model_list_and_names_what_failed(
     await backend.aclose()
 
 
+async def test_a_server_without_a_model_list_serves_on_trust(
+    coordinator: FakeCoordinator, nursery: trio.Nursery
+) -> None:
+    """An OpenAI-compatible server that answers ``GET /v1/models`` with 404 is up: the node
+    serves (it once reported the backend down and counted retries down forever)."""
+    fake = FakeOpenAI(models={MODEL}, lists_models=False)
+    fake.prepare()
+    url = await nursery.start(fake.run)
+    backend = OpenAIBackend(url, api_key="")
+    assert await backend.check() is None  # up, lists nothing
+    start_agent(nursery, coordinator.url, backend, models=(MODEL,))
+    conn = await coordinator.next_conn(timeout=WAIT_S)
+    assert conn.hello.backend_down is msgspec.UNSET  # it answers: the node serves
+    await conn.send(assign("t1", stream=False, model=MODEL))
+    result = await conn.recv(timeout=WAIT_S)
+    assert isinstance(result, Result) and result.task_id == "t1", result
+    await backend.aclose()
+
+
 async def test_a_model_the_backend_does_not_list_is_named_in_one_warning(
     coordinator: FakeCoordinator,
     nursery: trio.Nursery,

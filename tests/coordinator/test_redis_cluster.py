@@ -1,4 +1,4 @@
-"""Redis Cluster specifics (README "Redis Cluster"): the slot arithmetic agrees with the server,
+"""Redis Cluster specifics (docs/redis.md "Redis Cluster"): the slot arithmetic agrees with the server,
 every Lua script of the backend runs on the 3-master cluster with all its keys in the one slot
 of the deployment's hash tag, the URL forms are checked, and a MOVED slot is followed (by the
 lean pub/sub bus too, on its own).

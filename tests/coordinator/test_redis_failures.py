@@ -242,7 +242,7 @@ async def test_leaving_a_subscription_does_not_hang_on_a_dead_or_hung_redis(
 async def test_a_hang_is_a_timeout_that_says_how_long_redis_was_silent_a_refusal_is_not(
     redis_server: RedisServer,
 ) -> None:
-    """The two failures a caller tells apart (README "Redis failures"): a hung Redis is
+    """The two failures a caller tells apart (docs/redis.md "Redis failures"): a hung Redis is
     ``CoordinationTimeout`` (slow, maybe not down: admission and the rate limit wait and ask
     again), with how long Redis has answered nothing; a refused connection is plain
     ``CoordinationUnavailable`` (down: fail at once)."""

@@ -1,4 +1,4 @@
-"""Redis Sentinel (README "Redis Sentinel"): the URLs, and the pub/sub bus across a failover.
+"""Redis Sentinel (docs/redis.md "Redis Sentinel"): the URLs, and the pub/sub bus across a failover.
 The failover of a whole instance, with the fencing token across it, is
 tests/e2e/test_redis_sentinel_e2e.py.
 

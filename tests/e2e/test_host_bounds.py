@@ -1,4 +1,4 @@
-"""A misbehaving model host cannot grow the memory of whoever calls it (README "Direct model
+"""A misbehaving model host cannot grow the memory of whoever calls it (docs/nodes.md "Direct model
 hosts", protocol/model_servers/bounded_reads.py). A host speaking HTTP/1.1 by hand
 (tests/fixtures/misbehaving_host.py) sends a 96 MiB line, a 96 MiB error body, a stream that
 never ends, 96 MiB poll answers; each request through the real HTTP API gets a clear ``502

@@ -107,7 +107,7 @@ def test_loadtest_smoke_writes_a_complete_truthful_report(tmp_path: Path) -> Non
     # The hop criteria compare p95/p99 latencies of phases a few seconds long: at smoke scale,
     # on a machine running the rest of the suite beside it, that difference is noise (seen:
     # -34 ms with 2 instances, +24 ms with 3, in one run). They are computed and reported
-    # above; the full-scale run (README "Load test") is what judges them.
+    # above; the full-scale run (docs/benchmarks.md "Load test") is what judges them.
     noise = {"hop_p95", "hop_p99"}
     failed = {c["id"]: c for c in report["criteria"] if not c["pass"] and c["id"] not in noise}
     assert not failed, failed

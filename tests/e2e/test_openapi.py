@@ -24,6 +24,11 @@ REQUEST = "/api/v1/request"
 RATING = "/api/v1/tasks/{task_id}/rating"
 TELEMETRY = "/api/v1/nodes/{node_id}/telemetry"
 USAGE = "/api/v1/usage"
+ADMIN_KEYS = "/api/v1/admin/keys"
+REVOKE_KEY = "/api/v1/admin/keys/{key_id}/revoke"
+ROTATE_KEY = "/api/v1/admin/keys/{key_id}/rotate"
+ADMIN_NODES = "/api/v1/admin/nodes"
+REVOKE_NODE = "/api/v1/admin/nodes/{node_id}/revoke"
 # Documented but not provoked here: an unexpected error (500) on any route, and the store being
 # unreachable mid-run (503) on routes whose only 503 comes from the database.
 UNPROVOKED = {
@@ -32,6 +37,12 @@ UNPROVOKED = {
     ("/api/v1/cluster", "get", "503"),
     (TELEMETRY, "get", "503"),
     (USAGE, "get", "503"),
+    (ADMIN_KEYS, "get", "503"),
+    (ADMIN_KEYS, "post", "503"),
+    (REVOKE_KEY, "post", "503"),
+    (ROTATE_KEY, "post", "503"),
+    (ADMIN_NODES, "get", "503"),
+    (REVOKE_NODE, "post", "503"),
 }
 RATE = 4  # requests per minute per key: the 429 probe exhausts it on its own key
 
@@ -102,6 +113,7 @@ async def provoke_everything(procs: Processes, coord: Coordinator, calls: Record
         await calls.send("GET", USAGE, key=ops, params={"key_id": "*"})  # 200, every key
         await calls.send("GET", USAGE, key=key, params={"key_id": "*"})  # 403
         await calls.send("GET", USAGE, key=key, params={"since": "soon"})  # 422
+        await provoke_admin(procs, calls, ops, key)
         await calls.send("POST", REQUEST, key=procs.create_key(), content=b'{"model": ')  # 400
         await calls.send("POST", REQUEST, json=ok_body)  # 401
         big = b'{"model": "echo", "prompt": "' + b"x" * Settings.max_body_bytes + b'"}'
@@ -138,6 +150,34 @@ async def provoke_everything(procs: Processes, coord: Coordinator, calls: Record
         await trio.to_thread.run_sync(lambda: wait_until(lambda: coord.has_node("b"), "b"))
         nursery.start_soon(partial(calls.send, "POST", REQUEST, key=dropper, json=drop))
         assert isinstance(await b.receive(), Assign)
+
+
+async def provoke_admin(procs: Processes, calls: Recorder, ops: str, key: str) -> None:
+    """Every documented answer of the admin routes (``key`` is not an operator key)."""
+    big = b'{"name": "' + b"x" * Settings.max_body_bytes + b'"}'
+    for path in (ADMIN_KEYS, ADMIN_NODES):
+        await calls.send("GET", path, key=ops)  # 200
+        await calls.send("GET", path)  # 401
+        await calls.send("GET", path, key=key)  # 403
+    made = await calls.send("POST", ADMIN_KEYS, key=ops, json={"name": "v", "expires": "1d"})
+    assert made.status_code == 201, made.text
+    victim = made.json()["key"]["key_id"]
+    await calls.send("POST", ADMIN_KEYS, key=ops, content=b'{"name": ')  # 400
+    await calls.send("POST", ADMIN_KEYS, json={"name": "v"})  # 401
+    await calls.send("POST", ADMIN_KEYS, key=key, json={"name": "v"})  # 403
+    await calls.send("POST", ADMIN_KEYS, key=ops, content=big)  # 413
+    await calls.send("POST", ADMIN_KEYS, key=ops, json={"name": "v", "expires": "1y"})  # 422
+    procs.enroll("spare")
+    for template, path in (
+        (ROTATE_KEY, ROTATE_KEY.format(key_id=victim)),
+        (REVOKE_KEY, REVOKE_KEY.format(key_id=victim)),
+        (REVOKE_NODE, REVOKE_NODE.format(node_id="spare")),
+    ):
+        await calls.send("POST", template, path, key=ops)  # 200
+        await calls.send("POST", template, path)  # 401
+        await calls.send("POST", template, path, key=key)  # 403
+        await calls.send("POST", template, template.format(key_id="no", node_id="no"), key=ops)
+    await calls.send("POST", ROTATE_KEY, ROTATE_KEY.format(key_id=victim), key=ops)  # 409
 
 
 async def test_every_response_matches_the_openapi_document(procs: Processes) -> None:

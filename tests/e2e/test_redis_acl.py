@@ -1,4 +1,4 @@
-"""Separate Redis identities (README "Redis identities and TLS"): each instance connects as its
+"""Separate Redis identities (docs/redis.md "Redis identities and TLS"): each instance connects as its
 own ACL user, with exactly the rights ``gemmanet redis-acl`` prints.
 
 Two real coordinator processes, each with its own user made over a raw admin connection, run

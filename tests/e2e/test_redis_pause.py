@@ -3,7 +3,7 @@ requests (a client on B for the node on A, and the reverse) while the test SIGST
 redis-server and then resumes it.
 
 Up to the store outage bound (``Settings.store_outage_s``: the failover bound, 2.9 s with the
-defaults; README "Redis failures") a pause costs latency only: every request gets 200 with its
+defaults; docs/redis.md "Redis failures") a pause costs latency only: every request gets 200 with its
 own answer, those that needed Redis during the pause later than usual. Nobody is declared dead:
 no instance counts a liveness loss or a lost bus subscription, and the tasks in flight across
 the pause complete. Past the bound, the requests that waited on Redis for the whole bound get

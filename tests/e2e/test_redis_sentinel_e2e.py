@@ -1,4 +1,4 @@
-"""Redis Sentinel failover (README "Redis Sentinel"): a master, a replica and three sentinels on
+"""Redis Sentinel failover (docs/redis.md "Redis Sentinel"): a master, a replica and three sentinels on
 loopback, a real coordinator instance on GEMMANET_REDIS_URL=redis+sentinel://…, and a steady
 trickle of HTTP requests while the master is killed (kill -9). Requests during the failover get
 503 for a bounded window, then succeed again on the promoted replica without restarting

@@ -57,9 +57,13 @@ class FakeOpenAI(FakeModelServer):
         chunk_delay_s: float = 0.0,
         fail: str | None = None,
         api_key: str | None = None,
+        lists_models: bool = True,
     ) -> None:
         super().__init__(models=models, chunk_delay_s=chunk_delay_s, fail=fail)
         self.api_key = api_key
+        #: False: ``GET /v1/models`` is an unknown URL (404), as on servers that serve only
+        #: the completion routes
+        self.lists_models = lists_models
         self._ids = itertools.count(1)
 
     def prepare(self) -> None:
@@ -67,7 +71,7 @@ class FakeOpenAI(FakeModelServer):
 
     async def handle(self, request: Request) -> Response:
         route = (request.method, request.path)
-        if route == ("GET", "/v1/models"):
+        if route == ("GET", "/v1/models") and self.lists_models:
             names = sorted(self.models) if self.models is not None else []
             return Response(200, {"object": "list", "data": [_model(name) for name in names]})
         if route in (("POST", "/v1/chat/completions"), ("POST", "/v1/completions")):

@@ -3,7 +3,7 @@ instance spends per ``GET /healthz`` in a short closed loop; after it, the phase
 share of the seed's bound.
 
 A CPU percentage says as much about the machine as about the coordinator: the shared build
-machine has run the benchmarks at half its usual speed some hours (README, "Benchmarks"), and a
+machine has run the benchmarks at half its usual speed some hours (docs/benchmarks.md), and a
 peak of 60% there is not one of 60% on a machine twice as fast. ``/healthz`` is the cost floor of
 the HTTP stack (``tools.bench.throughput`` sets requests against it), so its CPU per answer, taken
 on the same machine seconds before the load, tells which machine a peak was measured on. It is

@@ -71,6 +71,8 @@ __all__ = [
     "split_words",
 ]
 
+#: answers to the model-list check from a server that is up but keeps no list at that path
+NO_MODEL_LIST = frozenset({404, 405, 501})
 # One word plus the whitespace after it; leading whitespace is a piece of its own.
 _WORD_RE = re.compile(r"^\s+|\S+\s*")
 #: The model server failed, refused, or spoke something we cannot read (the wire formats
@@ -209,10 +211,14 @@ class _HttpBackend:
 
     async def check(self) -> list[str] | None:
         """``GET`` of the model list (``check_path``): answered with 200 and the list, read
-        unencoded and to 1 MiB at most; the names it lists. The caller bounds the time."""
+        unencoded and to 1 MiB at most; the names it lists. A server that answers the path
+        with 404, 405 or 501 is up but lists nothing (None: some OpenAI-compatible servers
+        serve only the completion routes). The caller bounds the time."""
         url = f"{self.base_url}{self.check_path}"
         try:
             async with self._client.stream("GET", url, headers=UNENCODED) as response:
+                if response.status_code in NO_MODEL_LIST:
+                    return None  # it answers, but keeps no model list there: up, on trust
                 if response.status_code != 200:
                     raise HostError(f"{self.name}: GET {url} answered HTTP {response.status_code}")
                 if encoded(response.headers.get("content-encoding")):

@@ -1,4 +1,4 @@
-"""The least Redis ACL rights one coordinator instance needs (README "Redis identities and TLS").
+"""The least Redis ACL rights one coordinator instance needs (docs/redis.md "Redis identities and TLS").
 
 Every command the Redis backend, the buses and their Lua scripts send, found by reading the
 role modules of ``redis/`` (``key_value.py``, ``rate_limits.py``, ``presence.py``,

@@ -7,7 +7,7 @@ A rating that arrives before its task's batch is written waits for it (``Instanc
 
 Why 0.5 s between batches, not less: each batch costs a thread hop, a connection checkout and a
 transaction, a few ms of CPU whatever its size. At 50 ms that was 20 batches a second, about
-0.3-0.5 ms of CPU per request at 150 requests/s (docs/bench-request-cost.md); at 0.5 s it is
+0.3-0.5 ms of CPU per request at 150 requests/s (docs/benchmarks.md, "Request cost"); at 0.5 s it is
 two. The price: a task shows in ``GET /api/v1/usage`` up to half a second later, and a killed
 instance loses at most that half second of records (a graceful stop writes them all)."""
 

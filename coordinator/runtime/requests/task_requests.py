@@ -81,7 +81,7 @@ class TaskRequests:
         inst = self._instance
         await inst.recorder.rate_task(task_id, key_id, score)
         # Visible at once here; the other instances re-read the ratings every
-        # RATINGS_REFRESH_S (see the README's HTTP API section).
+        # RATINGS_REFRESH_S (see the docs/clients.md).
         try:
             inst.machine.set_ratings(await inst.store.node_ratings())
         except StoreError as exc:

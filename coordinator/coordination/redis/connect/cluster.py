@@ -1,7 +1,7 @@
 """What the Redis backend needs to know about Redis Cluster: the URL form, hash slots and the
 slot table.
 
-The key layout (README "Redis Cluster"): on a cluster every key and channel of a deployment
+The key layout (docs/redis.md "Redis Cluster"): on a cluster every key and channel of a deployment
 is named ``{<prefix>}:…``, so the hash tag ``{<prefix>}`` puts all of them in one slot. Each Lua
 script can then touch any set of the deployment's keys (an admission reads the presence
 registry, the node facts, the queue and every candidate's leases in one atomic step), MGET and

@@ -1,4 +1,4 @@
-"""Redis Sentinel: the URL form and how to read the sentinels' answers (README "Redis Sentinel").
+"""Redis Sentinel: the URL form and how to read the sentinels' answers (docs/redis.md "Redis Sentinel").
 
 ``redis+sentinel://host1:26379,host2:26379,host3:26379/mymaster`` names the sentinels and the
 service. The backend asks them (``SENTINEL GET-MASTER-ADDR-BY-NAME``) for the master, checks

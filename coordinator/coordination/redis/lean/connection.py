@@ -1,7 +1,7 @@
 """The lean pub/sub path of the Redis backend: RESP over a plain trio stream, parsed by hiredis.
 
 Why: a pub/sub round trip through coredis cost 2.5/6.2 ms p50/p95 where a bare socket round trip
-took 0.3 ms on the same box (README, Benchmarks): the client library, not Redis, was the cost of
+took 0.3 ms on the same box (docs/benchmarks.md): the client library, not Redis, was the cost of
 the cross-instance hop. PUBLISH and SUBSCRIBE (SPUBLISH and SSUBSCRIBE on a cluster) are the
 only commands on that hop, so only they take this path; everything else stays on coredis. The
 publisher (``publisher.py``) and the subscription (``subscription.py``) build on the
