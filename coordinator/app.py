@@ -31,7 +31,7 @@ from coordinator.runtime.lifecycle import LifecycleWatch
 from coordinator.server import hypercorn_patches
 from coordinator.settings import Settings
 from coordinator.store import Store
-from coordinator.store.embedded_lock import lock_embedded_store
+from coordinator.store.embedded_lock import lock_embedded_store, watch_embedded_lock
 
 log = logging.getLogger("gemmanet.app")
 
@@ -59,6 +59,8 @@ async def run_instance(
         async with coordination, trio.open_nursery() as nursery:
             # Embedded (no Redis): the in-process bus; a single instance has no peers on it.
             hub = None if settings.redis_url else MemoryBusHub(trio.current_time)
+            if embedded_lock is not None:
+                nursery.start_soon(watch_embedded_lock, embedded_lock)
             bus = create_bus(settings.bus, coordination, memory_hub=hub)
             instance = Instance(settings, store, coordination, bus)
             if settings.redis_url and not settings.multi_instance:

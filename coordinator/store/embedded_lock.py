@@ -18,18 +18,25 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+import trio
 from sqlalchemy.engine import Engine
 
 from coordinator.errors import StartupRefused
 
 from .engine import is_sqlite_memory, safe_url
 
-__all__ = ["EMBEDDED_LOCK_ID", "EmbeddedStoreLock", "lock_embedded_store"]
+__all__ = ["EMBEDDED_LOCK_ID", "EmbeddedStoreLock", "lock_embedded_store", "watch_embedded_lock"]
+
+log = logging.getLogger("gemmanet.store")
+#: how often the PostgreSQL lock's session is checked (and the lock taken again if it was lost)
+WATCH_S = 5.0
 
 #: names the advisory lock in the database (``create_tables`` uses another number)
 EMBEDDED_LOCK_ID = 0x67_6E_73_69  # "gnsi"
@@ -43,10 +50,15 @@ _HOW = (
 class EmbeddedStoreLock:
     """Held until ``release`` or the end of the process."""
 
-    def __init__(self, release: Any, where: str) -> None:
+    def __init__(
+        self, release: Any, where: str, *, check: Callable[[], str | None] | None = None
+    ) -> None:
         self._release = release
         #: what is locked, for the log line
         self.where = where
+        #: blocking: None while the lock is held (taken again if its session was lost), else
+        #: why not; None for a lock that cannot be lost
+        self.check = check
 
     def release(self) -> None:
         release, self._release = self._release, None
@@ -98,30 +110,37 @@ def _lock_sqlite_file(database: Path, shown: str) -> EmbeddedStoreLock:
     return EmbeddedStoreLock(release, str(path))
 
 
+def _try_advisory_lock(connection: sa.Connection) -> tuple[bool, str, str | None]:
+    """(got it, the schema, the holder's client address when another session has it)."""
+    # Keyed by the schema the tables live in, so that deployments in separate schemas of one
+    # database do not lock each other out.
+    schema = connection.execute(sa.text("SELECT current_schema()")).scalar() or "public"
+    got = connection.execute(
+        sa.text("SELECT pg_try_advisory_lock(:k, hashtext(:s))"),
+        {"k": EMBEDDED_LOCK_ID, "s": schema},
+    ).scalar()
+    holder = None
+    if not got:
+        row = connection.execute(
+            sa.text(
+                "SELECT a.client_addr FROM pg_locks l JOIN pg_stat_activity a "
+                "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.classid = :k AND l.objid::int = hashtext(:s) AND l.objsubid = 2 "
+                "AND l.database = (SELECT oid FROM pg_database "
+                "WHERE datname = current_database())"
+            ),
+            {"k": EMBEDDED_LOCK_ID, "s": schema},
+        ).first()
+        holder = "" if row is None else str(row[0] or "a local socket")
+    connection.commit()
+    return bool(got), schema, holder
+
+
 def _lock_postgresql(engine: Engine) -> EmbeddedStoreLock:
     # A connection outside the pool: the lock lives exactly as long as this session.
     connection = engine.connect()
     try:
-        # Keyed by the schema the tables live in, so that deployments in separate schemas of
-        # one database do not lock each other out.
-        schema = connection.execute(sa.text("SELECT current_schema()")).scalar() or "public"
-        got = connection.execute(
-            sa.text("SELECT pg_try_advisory_lock(:k, hashtext(:s))"),
-            {"k": EMBEDDED_LOCK_ID, "s": schema},
-        ).scalar()
-        holder = None
-        if not got:
-            holder = connection.execute(
-                sa.text(
-                    "SELECT a.client_addr FROM pg_locks l JOIN pg_stat_activity a "
-                    "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                    "AND l.classid = :k AND l.objid::int = hashtext(:s) AND l.objsubid = 2 "
-                    "AND l.database = (SELECT oid FROM pg_database "
-                    "WHERE datname = current_database())"
-                ),
-                {"k": EMBEDDED_LOCK_ID, "s": schema},
-            ).first()
-        connection.commit()
+        got, schema, holder = _try_advisory_lock(connection)
     except sa.exc.DBAPIError as exc:
         connection.close()
         raise StartupRefused(
@@ -129,15 +148,59 @@ def _lock_postgresql(engine: Engine) -> EmbeddedStoreLock:
         ) from None
     if not got:
         connection.close()
-        who = f" (a session from {holder[0] or 'a local socket'})" if holder else ""
+        who = f" (a session from {holder})" if holder else ""
         raise StartupRefused(
             f"another instance{who} already runs on the embedded store {safe_url(engine.url)} "
             f"(schema {schema}) without Redis (it holds the advisory lock {EMBEDDED_LOCK_ID}); "
             f"{_HOW}"
         )
     connection.detach()  # never handed back to the pool, never reused by a request
+    held = [connection]
 
     def release() -> None:
-        connection.close()
+        held[0].close()
 
-    return EmbeddedStoreLock(release, f"advisory lock {EMBEDDED_LOCK_ID} of schema {schema}")
+    def check() -> str | None:
+        """The session still answers, or a new one took the lock again (None); else why not."""
+        try:
+            held[0].execute(sa.text("SELECT 1")).scalar()
+            held[0].commit()
+            return None
+        except sa.exc.DBAPIError:
+            with contextlib.suppress(Exception):
+                held[0].close()
+        try:
+            fresh = engine.connect()
+        except sa.exc.DBAPIError as exc:
+            return f"the embedded-store lock's session was lost and the database is out of reach: {exc.orig}"
+        try:
+            got, _, holder = _try_advisory_lock(fresh)
+        except sa.exc.DBAPIError as exc:
+            fresh.close()
+            return f"the embedded-store lock's session was lost; taking it again failed: {exc.orig}"
+        if not got:
+            fresh.close()
+            return (
+                f"the embedded-store lock's session was lost and another session (from "
+                f"{holder or 'somewhere'}) holds the lock now: another instance may be running "
+                "on this store without Redis"
+            )
+        fresh.detach()
+        held[0] = fresh
+        return "the embedded-store lock's session was lost; it was taken again on a new one"
+
+    return EmbeddedStoreLock(
+        release, f"advisory lock {EMBEDDED_LOCK_ID} of schema {schema}", check=check
+    )
+
+
+async def watch_embedded_lock(lock: EmbeddedStoreLock, *, every_s: float = WATCH_S) -> None:
+    """Every ``every_s``: is the lock still held (``EmbeddedStoreLock.check``)? Logs what it finds
+    when not; runs until cancelled. Nothing to do for a lock that cannot be lost (SQLite)."""
+    if lock.check is None:
+        return
+    while True:
+        await trio.sleep(every_s)
+        problem = await trio.to_thread.run_sync(lock.check)
+        if problem is not None:
+            log.warning("%s", problem)
