@@ -8,6 +8,7 @@
     admission.py         a request waiting for a lease: ask again, wait, pass a wake, give up
     retries.py           when to make a store call again (a timeout, a failed release), when not
     placement.py         which node gets a task
+    affinity.py          which node is predicted to hold a request's prefix, and its worth
     node_table.py        which connection speaks for which node identity on this instance
     tracker.py           which tasks are pending, who may answer them, which must fail and why
     forwarding.py        the owner's table of tasks it runs for other instances

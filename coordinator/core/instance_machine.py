@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from coordinator.core import registry
+from coordinator.core.affinity import PrefixPrediction
 from coordinator.core.direct_hosts import DirectHosts
 from coordinator.core.effects import CallHost, Dispatch, Effect, Publish, StopHostCall, WakeQueue
 from coordinator.core.node_table import NodeConnection, view_of
@@ -193,9 +194,18 @@ class InstanceMachine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def submit(self, assign: Assign, deadline: float, now: float, key_id: str = "") -> list[Effect]:
-        """A client's task. Raises NoNodeForModel when no online node serves its model."""
-        return self._route(self.requester.submit(assign, deadline, key_id, now), now)
+    def submit(
+        self,
+        assign: Assign,
+        deadline: float,
+        now: float,
+        key_id: str = "",
+        prediction: PrefixPrediction | None = None,
+    ) -> list[Effect]:
+        """A client's task (``prediction``: which nodes hold how much of its prefix). Raises
+        NoNodeForModel when no online node serves its model."""
+        effects = self.requester.submit(assign, deadline, key_id, now, prediction)
+        return self._route(effects, now)
 
     def reserved(
         self, task_id: str, attempt: int, view: NodeView, lease_id: str, now: float

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from coordinator.core.affinity import PrefixPrediction
 from coordinator.core.effects import (
     Deliver,
     Dispatch,
@@ -78,14 +79,20 @@ class PlacementAttempts:
     # -- the lease --------------------------------------------------------------------------
 
     def submit(
-        self, assign: Assign, deadline: float, key_id: str = "", now: float | None = None
+        self,
+        assign: Assign,
+        deadline: float,
+        key_id: str = "",
+        now: float | None = None,
+        prediction: PrefixPrediction | None = None,
     ) -> list[Effect]:
-        """Take a new task: ask for a lease on a node serving its model. Raises NoNodeForModel
-        when no online node (nor, given ``now``, direct host) serves it (refused at once,
-        never queued)."""
+        """Take a new task: ask for a lease on a node serving its model, its candidates
+        ranked with ``prediction`` (which nodes hold how much of its prefix) if given. Raises
+        NoNodeForModel when no online node (nor, given ``now``, direct host) serves it
+        (refused at once, never queued)."""
         if not self._candidates.any_serves(assign.model, now):
             raise no_node_serves(assign.model)
-        request = Request(assign, deadline, key_id=key_id, attempt=1)
+        request = Request(assign, deadline, key_id=key_id, attempt=1, prediction=prediction)
         self._requests[assign.task_id] = request
         return [Reserve(assign.task_id, 1)]
 
@@ -104,6 +111,7 @@ class PlacementAttempts:
             gone_instances=request.gone_instances,
             full=request.full,
             now=now,
+            prediction=request.prediction,
         )
 
     def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Collection
 
-from coordinator.core.placement import SAMPLE_SIZE, NodeView, needs_full_scan, rank_candidates
+from coordinator.core.affinity import PrefixPrediction, rank_by_affinity
+from coordinator.core.placement import SAMPLE_SIZE, NodeView, needs_full_scan
 
 #: how many candidates one attempt at a lease tries, best first
 MAX_CANDIDATES = 8
@@ -50,10 +51,13 @@ class Candidates:
         gone_instances: Collection[str],
         full: Collection[str],
         now: float | None,
+        prediction: PrefixPrediction | None = None,
     ) -> list[NodeView]:
-        """The first ``MAX_CANDIDATES`` to try for ``model``, best first: from a sample when
-        many nodes serve it and the sample has a free one, else from all of them. Connections
-        in ``full`` come last; those gone (or on instances gone) for this request not at all."""
+        """The first ``MAX_CANDIDATES`` to try for ``model``, best first (by load, or with
+        ``prediction`` by load against predicted prefix, ``core/affinity.py``): from a sample
+        when many nodes serve it and the sample has a free one, else from all of them.
+        Connections in ``full`` come last; those gone (or on instances gone) for this request
+        not at all."""
         serving = None
         if self._sample is not None:
             sample = self._sample(model, SAMPLE_SIZE, self._rng)
@@ -64,7 +68,9 @@ class Candidates:
             serving = self.serving(
                 model, gone_conns=gone_conns, gone_instances=gone_instances, now=now
             )
-        return rank_candidates(serving, rng=self._rng, last=full, limit=MAX_CANDIDATES)
+        return rank_by_affinity(
+            serving, prediction, rng=self._rng, last=full, limit=MAX_CANDIDATES
+        )
 
     def serving(
         self,
