@@ -28,6 +28,7 @@ from protocol import Message
 
 __all__ = [
     "BLOCK_CHARS",
+    "FULL_WEIGHT_BLOCKS",
     "MAX_BLOCKS",
     "AffinityWeights",
     "PrefixPrediction",
@@ -45,6 +46,12 @@ BLOCK_CHARS = 256
 #: blocks looked at per request (the first 128 Ki characters; what lies beyond is not told
 #: apart: two prompts alike that far are predicted alike)
 MAX_BLOCKS = 512
+
+#: a predicted prefix counts for its share of the request's blocks, or of this many when the
+#: request is shorter (4 Ki characters, about a thousand tokens): a short prefix saves a node
+#: little reading, and a system prompt every conversation shares must not pull new
+#: conversations onto the few nodes recorded as holding it
+FULL_WEIGHT_BLOCKS = 16
 
 # Separators that cannot be mistaken for text a client sends as one message.
 _ROLE_END, _MESSAGE_END = "\x1f", "\x1e"
@@ -122,10 +129,10 @@ class PrefixPrediction:
     def of(
         cls, longest: Mapping[str, int], blocks: int, weights: AffinityWeights
     ) -> PrefixPrediction:
-        """From ``longest_prefixes`` of a request of ``blocks`` blocks."""
-        if blocks <= 0:
-            return cls({}, weights)
-        return cls({n: min(1.0, d / blocks) for n, d in longest.items() if d > 0}, weights)
+        """From ``longest_prefixes`` of a request of ``blocks`` blocks: each node's share of
+        them (of ``FULL_WEIGHT_BLOCKS`` for a shorter request)."""
+        whole = max(blocks, FULL_WEIGHT_BLOCKS)
+        return cls({n: min(1.0, d / whole) for n, d in longest.items() if d > 0}, weights)
 
     def best(self, nodes: Iterable[NodeView]) -> float:
         """The largest fraction any of ``nodes`` is predicted to hold (0: none holds any)."""
@@ -151,7 +158,8 @@ def rank_by_affinity(
     (``affinity_cost``) when any candidate is predicted to hold some of it; without a
     prediction, or when none of them holds anything, exactly ``rank_candidates``. Connections
     in ``last`` (they turned the task down as full) still come last; ties keep
-    ``rank_candidates``' tie-breaks (fewest in flight, best rating, then ``rng`` or node id).
+    ``rank_candidates``' tie-breaks (a free slot, fewest in flight, best rating, then ``rng``
+    or node id).
     Only the order changes: the lease still decides who has room."""
     nodes = list(nodes)
     if prediction is None or prediction.best(nodes) <= 0.0:
@@ -161,10 +169,10 @@ def rank_by_affinity(
         rng.shuffle(nodes)  # a stable sort below keeps this order among equals
     held, weights = prediction.held, prediction.weights
 
-    def rank(n: NodeView) -> tuple[bool, float, int, float]:
+    def rank(n: NodeView) -> tuple[bool, float, bool, int, float]:
         rating = NEUTRAL_RATING if n.rating is None else n.rating
         cost = affinity_cost(n, held.get(n.node_id, 0.0), weights)
-        return (n.conn_id in last, cost, n.in_flight, -rating)
+        return (n.conn_id in last, cost, not n.has_capacity, n.in_flight, -rating)
 
     if limit is not None and limit < len(nodes):
         return heapq.nsmallest(limit, nodes, key=rank)

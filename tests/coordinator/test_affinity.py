@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from coordinator.core.affinity import (
     BLOCK_CHARS,
+    FULL_WEIGHT_BLOCKS,
     MAX_BLOCKS,
     AffinityWeights,
     PrefixPrediction,
@@ -76,11 +77,13 @@ def test_the_next_turn_matches_what_the_answering_node_holds() -> None:
 
 def test_longest_prefix_is_the_deepest_block_held() -> None:
     assert longest_prefixes([["a", "b"], ["a"], [], ["a", "c"]]) == {"a": 4, "b": 1, "c": 4}
-    assert PrefixPrediction.of({"a": 4, "b": 1}, 8, AffinityWeights()).held == {
+    assert PrefixPrediction.of({"a": 20, "b": 5}, 40, AffinityWeights()).held == {
         "a": 0.5,
         "b": 0.125,
     }
-    assert PrefixPrediction.of({"a": 3}, 0, AffinityWeights()).held == {}
+    # A short request's prefix counts for its share of FULL_WEIGHT_BLOCKS.
+    short = PrefixPrediction.of({"a": 4}, 5, AffinityWeights()).held
+    assert short == {"a": 4 / FULL_WEIGHT_BLOCKS}
 
 
 def test_a_node_holding_the_prefix_goes_first_unless_it_is_full() -> None:
@@ -149,3 +152,24 @@ def test_without_a_prediction_the_ranking_is_the_load_ranking(
     for prediction in (None, PrefixPrediction(held, AffinityWeights())):
         got = rank_by_affinity(nodes, prediction, rng=random.Random(seed), limit=limit)
         assert got == expected
+
+
+def test_the_benchmark_node_reads_only_what_its_cache_does_not_hold() -> None:
+    """tools/node_agent/prefix_cache.py, the node model of tools/bench/affinity.py."""
+    import pytest
+
+    from tools.node_agent.backends import EchoBackend
+    from tools.node_agent.prefix_cache import PrefixCache, PrefixCachedEcho, from_env
+    from tools.node_agent.settings import UsageError
+
+    cache = PrefixCache(entries=2)
+    assert cache.read(["s", "a"], ["x"]) == 2
+    assert cache.read(["s", "a", "x", "b"], ["y"]) == 1  # the next turn: only the new part
+    assert cache.read(["s", "c"], []) == 1  # the shared system prompt is held
+    assert cache.read(["t"], []) == 1  # the longest conversation is evicted (LRU of 2)
+    assert cache.read(["s", "a", "x", "b", "y", "z"], []) == 5
+    echo = EchoBackend()
+    assert from_env(echo, {}) is echo
+    assert isinstance(from_env(echo, {"GEMMANET_ECHO_PREFIX_CACHE": "2,8"}), PrefixCachedEcho)
+    with pytest.raises(UsageError):
+        from_env(echo, {"GEMMANET_ECHO_PREFIX_CACHE": "fast"})

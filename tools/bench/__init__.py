@@ -17,6 +17,9 @@
   ``--py-spy DIR`` profiles each instance (``_profile.py``).
 * ``python -m tools.bench.failover`` — ``kill -9`` of the instance running tasks, time until
   each client gets its 502.
+* ``python -m tools.bench.affinity`` — prefix-affine placement against placement by load,
+  side by side: chat conversations on echo nodes that model a KV cache (time to first token,
+  prompt tokens the nodes read, the busiest node's share).
 
 Each starts its own coordinator, node and ``redis-server`` processes on free loopback ports
 (``_harness.py``), and kills them on exit (Ctrl-C included). The box they run on is usually
@@ -27,6 +30,7 @@ throughput.py      closed-loop request against /healthz (or streamed chunks), si
 stream.py          throughput --stream under its own name
 cross_instance.py  the cross-instance hop against a local request, on each bus client
 failover.py        how fast a client learns that its task's instance is gone (kill -9)
+affinity.py        prefix affinity on against off, on nodes modelling a prefix cache
 scale.py           the cost of a cluster as its number of nodes grows
 scale_fleet.py     thousands of light nodes in one process, for scale.py
 channels_probe.py  Django Channels' Redis pub/sub layer doing the same round trip (the peer)

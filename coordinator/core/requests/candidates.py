@@ -68,9 +68,7 @@ class Candidates:
             serving = self.serving(
                 model, gone_conns=gone_conns, gone_instances=gone_instances, now=now
             )
-        return rank_by_affinity(
-            serving, prediction, rng=self._rng, last=full, limit=MAX_CANDIDATES
-        )
+        return rank_by_affinity(serving, prediction, rng=self._rng, last=full, limit=MAX_CANDIDATES)
 
     def serving(
         self,
