@@ -52,6 +52,7 @@ class _RemoteViews:
 
     def __init__(self, views: list[NodeView]) -> None:
         self.all = views
+        self.by_node = {view.node_id: view for view in views}
         self.by_model: dict[str, list[NodeView]] = {}
         for view in views:
             for model in view.models:
@@ -90,6 +91,7 @@ class InstanceMachine:
             host_views=self.hosts.views if self.hosts else None,
             serves=self.serves,
             sample=self.sample_views,
+            named=self.views_of,
         )
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
@@ -191,6 +193,24 @@ class InstanceMachine:
             elif self.owner.nodes.by_node(item.node_id) is None:  # the local one is newer
                 sample.append(_corrected(item, pending, self.peer_loads))
         return sample
+
+    def views_of(self, node_ids: Iterable[str]) -> list[NodeView]:
+        """The nodes named, here or on a live peer, seen as ``views`` sees them (those not
+        connected left out): the nodes a request's prefix prediction names, which a sample
+        may have missed. O(names), not O(nodes)."""
+        found: list[NodeView] = []
+        remote = None
+        for node_id in node_ids:
+            conn = self.owner.nodes.by_node(node_id)
+            if conn is not None:
+                found.append(view_of(conn, self.me, self.ratings))
+                continue
+            remote = self._remote_views() if remote is None else remote
+            view = remote.by_node.get(node_id)
+            if view is not None:
+                pending = self.requester.pending_per_remote_conn()
+                found.append(_corrected(view, pending, self.peer_loads))
+        return found
 
     # -- requests ---------------------------------------------------------------------------
 

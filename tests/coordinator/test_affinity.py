@@ -173,3 +173,23 @@ def test_the_benchmark_node_reads_only_what_its_cache_does_not_hold() -> None:
     assert isinstance(from_env(echo, {"GEMMANET_ECHO_PREFIX_CACHE": "2,8"}), PrefixCachedEcho)
     with pytest.raises(UsageError):
         from_env(echo, {"GEMMANET_ECHO_PREFIX_CACHE": "fast"})
+
+
+def test_among_many_nodes_the_predicted_ones_join_the_sample() -> None:
+    """Above SAMPLE_ABOVE nodes a placement ranks a random sample; a node the prediction
+    names, local or on a peer, is a candidate whether or not it was drawn."""
+    from coordinator.core.instance_machine import InstanceMachine
+    from coordinator.core.placement import SAMPLE_ABOVE
+    from protocol import Assign
+    from tests.coordinator.test_placement_sampling import connection, peer
+
+    machine = InstanceMachine("A", forward_grace_s=1.0, rng=random.Random(2))
+    for i in range(SAMPLE_ABOVE):
+        machine.node_connected(connection(f"A-c{i}"), 0.0)
+    machine.set_peers([peer("B", SAMPLE_ABOVE)])
+    for i, wanted in enumerate(["A-c17", "B-n40"] * 10):
+        prediction = PrefixPrediction({wanted: 0.9, "gone": 1.0}, AffinityWeights())
+        task = Assign(task_id=f"t{i}", model="m", prompt="x")
+        machine.requester.submit(task, deadline=1e9, prediction=prediction)
+        found = machine.requester.candidates(task.task_id, 1)
+        assert found is not None and found[0].node_id == wanted, found[:2]

@@ -16,7 +16,7 @@ active-set entry of its API key) is given back when it ends (``ReleaseLease``).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from coordinator.core.affinity import PrefixPrediction
 from coordinator.core.effects import (
@@ -59,13 +59,14 @@ class PlacementAttempts:
         host_views: Callable[[float], list[NodeView]] | None = None,
         serves: Callable[[str], bool] | None = None,
         sample: Callable[[str, int, random.Random], list[NodeView] | None] | None = None,
+        named: Callable[[Iterable[str]], list[NodeView]] | None = None,
     ) -> None:
         self.me = instance_id
         # API keys have an active-request limit: every request holds an entry in the store.
         self._tracks_keys = tracks_keys
         self.tracker = TaskTracker()
         self._candidates = Candidates(
-            views, rng=rng, host_views=host_views, serves=serves, sample=sample
+            views, rng=rng, host_views=host_views, serves=serves, sample=sample, named=named
         )
         self._requests: dict[str, Request] = {}
         # Where tasks were placed whose answer overtook their own dispatch (it can: the answer
