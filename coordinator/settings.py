@@ -64,6 +64,14 @@ def _flag(name: str, raw: str) -> bool:
     raise SettingsError(f"{name}={value!r} must be 0 or 1")
 
 
+def _switch(name: str, raw: str) -> bool:
+    """``on``/``off`` (or anything ``_flag`` takes), refused in those words."""
+    try:
+        return _flag(name, raw)
+    except SettingsError:
+        raise SettingsError(f"{name}={raw!r} must be on or off") from None
+
+
 def _number(name: str, raw: str, *, minimum: float, maximum: float) -> float:
     try:
         value = float(raw)
@@ -229,7 +237,7 @@ VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
         lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
     ),
     # Prefix-affine placement (docs/affinity.md).
-    "affinity": ("GEMMANET_AFFINITY", _flag),
+    "affinity": ("GEMMANET_AFFINITY", _switch),
     "affinity_prefix_weight": (
         "GEMMANET_AFFINITY_PREFIX_WEIGHT",
         lambda n, v: _number(n, v, minimum=0.0, maximum=1000.0),
