@@ -10,6 +10,7 @@ import random
 
 import trio
 
+from coordinator.coordination import CoordinationUnavailable
 from coordinator.coordination.bus.memory import MemoryBus
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.runtime.instance import Instance
@@ -121,3 +122,55 @@ async def test_the_next_turn_follows_the_prefix_unless_its_node_is_full(autojump
             counts = instance.affinity.counts
             assert (counts.hits, counts.misses, counts.unavailable) == (1, 3, 0)
             nursery.cancel_scope.cancel()
+
+
+class BrokenAffinity:
+    """The prefix affinity role of a store that hangs on lookups (``hang``) or refuses them,
+    and refuses every record."""
+
+    def __init__(self, *, hang: bool) -> None:
+        self.hang = hang
+        self.records = 0
+
+    async def prefix_holders(self, model: str, hashes: object) -> list[list[str]]:
+        if self.hang:
+            await trio.sleep_forever()
+        raise CoordinationUnavailable("the store is down")
+
+    async def record_prefix(self, *args: object, **kwargs: object) -> None:
+        self.records += 1
+        raise CoordinationUnavailable("the store is down")
+
+
+async def test_a_slow_or_failing_affinity_store_never_fails_a_request(autojump_clock) -> None:
+    for hang in (True, False):
+        store = SimStore()
+        coordination = MemoryCoordination(trio.current_time)
+        broken = BrokenAffinity(hang=hang)
+        coordination.affinity = broken  # type: ignore[assignment]
+        instance = Instance(
+            Settings(instance_id="A"),
+            store,  # type: ignore[arg-type]
+            coordination,
+            MemoryBus(trio.current_time),
+            rng=random.Random(1),
+        )
+        node = OneSlotNode("n1", store.enroll("n1"))
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(instance.run)
+                nursery.start_soon(node.run, instance)
+                await trio.sleep(1.0)
+                turn = [SYSTEM, Message(role="user", content="Is it sunny? " * 30)]
+                for _ in range(2):
+                    began = trio.current_time()
+                    handle, _answer = await ask(instance, turn)
+                    assert handle.node_id == "n1"
+                    # At most the lookup's bound was spent waiting for the store.
+                    assert (
+                        trio.current_time() - began <= Settings().affinity_lookup_timeout_s + 0.01
+                    )
+                await trio.sleep(0.1)
+                assert instance.affinity.counts.unavailable == 2
+                assert broken.records == 2  # tried, failed, dropped
+                nursery.cancel_scope.cancel()
