@@ -38,6 +38,7 @@ __all__ = [
     "longest_prefixes",
     "prefix_text",
     "rank_by_affinity",
+    "worth_a_lookup",
 ]
 
 #: characters per block (about 64 tokens of English): small enough that a new turn loses at
@@ -82,17 +83,27 @@ def block_hashes(text: str) -> list[str]:
 def answered_hashes(text: str, messages: bool, output: str) -> list[str]:
     """What the node that answered holds after the task: the blocks of the content it read,
     and of that content followed by its answer (the next turn of a chat sends the answer
-    back as an assistant message; a raw prompt continues with the answer's text)."""
+    back as an assistant message; a raw prompt continues with the answer's text). Nothing
+    when that is shorter than one block (``worth_a_lookup``)."""
     if messages:
         extended = f"{text}assistant{_ROLE_END}{output}{_MESSAGE_END}"
     else:
         extended = text + output
+    if len(extended) < BLOCK_CHARS:
+        return []  # not one whole block: nothing a later request would be looked up for
     hashes = block_hashes(extended)
     # The content's own last block is partial where the answer begins: a retry matches it.
     read = block_hashes(text)
     if read and read[-1] not in hashes:
         hashes.append(read[-1])
     return hashes
+
+
+def worth_a_lookup(text: str) -> bool:
+    """Whether a request's content is long enough to look its prefix up: at least one whole
+    block. A shorter one saves a node little reading, and could match nothing but an identical
+    retry; it is placed by load alone, at no cost to the store."""
+    return len(text) >= BLOCK_CHARS
 
 
 def longest_prefixes(holders: Sequence[Collection[str]]) -> dict[str, int]:

@@ -21,6 +21,7 @@ from coordinator.core.affinity import (
     longest_prefixes,
     prefix_text,
     rank_by_affinity,
+    worth_a_lookup,
 )
 from coordinator.core.placement import NodeView, rank_candidates
 from protocol import Message
@@ -193,3 +194,12 @@ def test_among_many_nodes_the_predicted_ones_join_the_sample() -> None:
         machine.requester.submit(task, deadline=1e9, prediction=prediction)
         found = machine.requester.candidates(task.task_id, 1)
         assert found is not None and found[0].node_id == wanted, found[:2]
+
+
+def test_content_shorter_than_a_block_is_neither_looked_up_nor_recorded() -> None:
+    assert not worth_a_lookup("p" + "x" * (BLOCK_CHARS - 2))
+    assert worth_a_lookup("p" + "x" * (BLOCK_CHARS - 1))
+    assert answered_hashes("cuser\x1fhi\x1e", True, "hello") == []
+    # Its answer may make it long enough: then it is recorded (two blocks, and the content's
+    # own, for a retry).
+    assert len(answered_hashes("pshort", False, "y" * BLOCK_CHARS)) == 3

@@ -28,6 +28,7 @@ from coordinator.core.affinity import (
     answered_hashes,
     block_hashes,
     longest_prefixes,
+    worth_a_lookup,
 )
 from coordinator.runtime.metrics import Metrics
 from coordinator.settings import Settings
@@ -83,6 +84,9 @@ class Affinity:
         for the store: a failed or slow lookup gives a Lookup without a prediction."""
         if not self.enabled:
             return None
+        if not worth_a_lookup(text):
+            # Placed by load alone; counted a miss, recorded if its answer makes it longer.
+            return Lookup(text, messages, 1, PrefixPrediction({}, self._weights), {})
         hashes = block_hashes(text)
         holders = None
         with trio.move_on_after(self._settings.affinity_lookup_timeout_s):
@@ -118,6 +122,8 @@ class Affinity:
         if lookup is None:
             return
         hashes = answered_hashes(lookup.text, lookup.messages, output)
+        if not hashes:
+            return
         try:
             self._send.send_nowait((model, node_id, hashes))
         except trio.WouldBlock:
