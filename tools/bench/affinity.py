@@ -10,8 +10,9 @@ prompt token not in the node's LRU of its ``--cache-entries`` most recent prompt
 (streamed), each turn sent to another instance than the last; a turn sends the whole history
 back (a shared system prompt, the earlier questions and answers, a new question of
 ``--words`` words). Printed per mode: time to first token (p50, p95, mean), the prompt tokens
-the nodes had to read, the busiest node's share of the requests against an even share, and
-the instances' affinity hit rate.
+the nodes had to read, the busiest node's share of the requests against an even share, the
+CPU per request of the coordinators together and of redis-server (what the lookups and
+records cost), and the instances' affinity hit rate.
 
     python -m tools.bench.affinity [--json FILE]
     python -m tools.bench.affinity --quick      # smoke: 1 instance, 1 node, 2 chats of 2 turns
@@ -46,6 +47,7 @@ from tools.bench._harness import (
     Harness,
     Proc,
     cores,
+    cpu_seconds,
     exit_code_for,
     free_port,
     header_line,
@@ -196,7 +198,12 @@ def measure(harness: Harness, cluster: Cluster, args: argparse.Namespace) -> dic
     coords = cluster.coords
     wait_until(lambda: all(c.status()["online_nodes"] == args.nodes for c in coords), "nodes")
     key = harness.create_key(f"bench-{cluster.name}")
+    redis_proc = next(p for p in harness.procs if p.name == "redis")
+    watched = [redis_proc.popen.pid, *(c.proc.popen.pid for c in coords)]
+    cpu_before = [cpu_seconds(pid) for pid in watched]
     driven = trio.run(_drive, coords, key, args)
+    cpu = [cpu_seconds(pid) - before for pid, before in zip(watched, cpu_before, strict=True)]
+    answered = max(1, len(driven["ttfts"]))
     affinity = _affinity_counts(coords, key)
     procs = [*cluster.nodes, *(c.proc for c in coords)]
     for proc in procs:  # all at once, then each waited for
@@ -226,12 +233,15 @@ def measure(harness: Harness, cluster: Cluster, args: argparse.Namespace) -> dic
         "busiest_vs_even": busiest * args.nodes,
         "affinity": affinity,
         "hit_rate": affinity["hits"] / looked if looked else None,
+        # CPU per answered request: the coordinators together, and redis-server
+        "coordinator_cpu_ms": sum(cpu[1:]) * 1000 / answered,
+        "redis_cpu_ms": cpu[0] * 1000 / answered,
     }
 
 
 def pooled(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """One mode's figures over its rounds: the times to first token pooled, the tokens
-    summed, the worst round's busiest node."""
+    summed, the worst round's busiest node, the median round's CPU."""
     ttfts = [t for run in runs for t in run["ttfts"]]
     hits = [run["hit_rate"] for run in runs if run["hit_rate"] is not None]
     return {
@@ -242,6 +252,8 @@ def pooled(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
         "ttft_mean_ms": statistics.fmean(ttfts) * 1000 if ttfts else float("nan"),
         "prompt_tokens": sum(run["prompt_tokens"] for run in runs),
         "read_tokens": sum(run["read_tokens"] for run in runs),
+        "coordinator_cpu_ms": statistics.median(run["coordinator_cpu_ms"] for run in runs),
+        "redis_cpu_ms": statistics.median(run["redis_cpu_ms"] for run in runs),
         "busiest_vs_even": max(run["busiest_vs_even"] for run in runs),
         "hit_rate": statistics.fmean(hits) if hits else None,
         "per_round": [
@@ -268,6 +280,8 @@ def report(args: argparse.Namespace, off: dict[str, Any], on: dict[str, Any]) ->
         ("prompt tokens sent", "prompt_tokens", "{:14d}"),
         ("prompt tokens read by nodes", "read_tokens", "{:14d}"),
         ("busiest node / even share", "busiest_vs_even", "{:14.2f}"),
+        ("coordinator CPU ms / request", "coordinator_cpu_ms", "{:14.2f}"),
+        ("redis CPU ms / request", "redis_cpu_ms", "{:14.2f}"),
     ]
     for label, key, fmt in rows:
         print(f"{label:28}" + fmt.format(off[key]) + fmt.format(on[key]))
