@@ -45,12 +45,11 @@ RECORD_GIVE_UP_S = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """One request's prefix: its canonical text, whether it is a conversation, its block
-    count and what was predicted of it (None: not looked up, or the lookup failed)."""
+    """One request's prefix: its canonical text, whether it is a conversation, and what was
+    predicted of it (None: the lookup failed or was too slow) with each node's blocks."""
 
     text: str
     messages: bool
-    blocks: int
     prediction: PrefixPrediction | None
     longest: dict[str, int]
 
@@ -86,7 +85,7 @@ class Affinity:
             return None
         if not worth_a_lookup(text):
             # Placed by load alone; counted a miss, recorded if its answer makes it longer.
-            return Lookup(text, messages, 1, PrefixPrediction({}, self._weights), {})
+            return Lookup(text, messages, PrefixPrediction({}, self._weights), {})
         hashes = block_hashes(text)
         holders = None
         with trio.move_on_after(self._settings.affinity_lookup_timeout_s):
@@ -95,10 +94,10 @@ class Affinity:
             except CoordinationUnavailable as exc:
                 log.debug("prefix affinity lookup failed: %s", exc)
         if holders is None:
-            return Lookup(text, messages, len(hashes), None, {})
+            return Lookup(text, messages, None, {})
         longest = longest_prefixes(holders)
         prediction = PrefixPrediction.of(longest, len(hashes), self._weights)
-        return Lookup(text, messages, len(hashes), prediction, longest)
+        return Lookup(text, messages, prediction, longest)
 
     def placed(self, lookup: Lookup | None, node_id: str) -> None:
         """The request's lease went to ``node_id``: a hit when it was predicted to hold some
