@@ -65,6 +65,14 @@ def _flag(name: str, raw: str) -> bool:
     raise SettingsError(f"{name}={value!r} must be 0 or 1")
 
 
+def _switch(name: str, raw: str) -> bool:
+    """``on``/``off`` (or anything ``_flag`` takes), refused in those words."""
+    try:
+        return _flag(name, raw)
+    except SettingsError:
+        raise SettingsError(f"{name}={raw!r} must be on or off") from None
+
+
 def _number(name: str, raw: str, *, minimum: float, maximum: float) -> float:
     try:
         value = float(raw)
@@ -231,6 +239,25 @@ VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
         "GEMMANET_TELEMETRY_INTERVAL_S",
         lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
     ),
+    # Prefix-affine placement (docs/affinity.md).
+    "affinity": ("GEMMANET_AFFINITY", _switch),
+    "affinity_prefix_weight": (
+        "GEMMANET_AFFINITY_PREFIX_WEIGHT",
+        lambda n, v: _number(n, v, minimum=0.0, maximum=1000.0),
+    ),
+    "affinity_load_weight": (
+        "GEMMANET_AFFINITY_LOAD_WEIGHT",
+        lambda n, v: _number(n, v, minimum=0.0, maximum=1000.0),
+    ),
+    "affinity_ttl_s": (
+        "GEMMANET_AFFINITY_TTL_S",
+        lambda n, v: _number(n, v, minimum=1.0, maximum=86400.0),
+    ),
+    "affinity_max_blocks": ("GEMMANET_AFFINITY_MAX_BLOCKS", lambda n, v: _whole(n, v, minimum=1)),
+    "affinity_lookup_timeout_s": (
+        "GEMMANET_AFFINITY_LOOKUP_TIMEOUT_S",
+        lambda n, v: _number(n, v, minimum=0.001, maximum=5.0),
+    ),
     # The elected residency monitor (README "Monitor and fencing").
     "monitor": ("GEMMANET_MONITOR", _flag),
     "monitor_poll_s": (
@@ -270,6 +297,7 @@ _SHOWN_DEFAULTS = {
     "instance_id": "random (i- + 8 hex)",
     "capacity": "unset",
     "max_active_per_key": "unlimited",
+    "affinity": "on",
 }
 
 
@@ -348,6 +376,15 @@ class Settings:
     # Host telemetry from heartbeats: at most one stored sample per node this often (the
     # history keeps the last 60; README "Host telemetry").
     telemetry_interval_s: float = 5.0
+    # Prefix affinity (docs/affinity.md): on or off, a predicted prefix's weight against
+    # load, how long a record of who served a prefix lasts, how many blocks a model keeps, and
+    # how long a placement waits for the prediction before ranking by load alone.
+    affinity: bool = True
+    affinity_prefix_weight: float = 1.0
+    affinity_load_weight: float = 1.0
+    affinity_ttl_s: float = 300.0
+    affinity_max_blocks: int = 100_000
+    affinity_lookup_timeout_s: float = 0.1
     # The elected residency monitor: candidate or not, its poll interval, election TTL,
     # standby retry and per-host poll timeout (their sum with a second poll timeout must fit in
     # residency_stale_s: coordinator/monitor/timing.py). ``monitor_unfenced`` is TEST-ONLY (it

@@ -113,6 +113,19 @@ MEANINGS: dict[str, str] = {
     "monitor_unfenced": "**test only**: `1` makes fact writes skip the token compare (so "
     "`prove-takeover` fails); refused with one line unless `GEMMANET_ALLOW_TEST_SWITCHES=1`",
     "allow_test_switches": "permits the test-only switch above; never set it in production",
+    "affinity": "`on` (or `1`) places each request with prefix affinity, `off` (or `0`) by "
+    "load alone ([prefix affinity](affinity.md))",
+    "affinity_prefix_weight": "the weight (0–1000) of the fraction of a request's prefix a "
+    "node is predicted to hold",
+    "affinity_load_weight": "the weight (0–1000) of a node's load (its share of busy slots, "
+    "plus 1 when it has none free); at least the prefix weight, a node with a free slot always "
+    "ranks before one without",
+    "affinity_ttl_s": "how long (1–86400 s) a record that a node served a prefix predicts it "
+    "still holds it; each new turn renews it",
+    "affinity_max_blocks": "prefix blocks (256 characters each) kept per model in the shared "
+    "store; past it the least recently recorded go first",
+    "affinity_lookup_timeout_s": "how long (0.001–5 s) a request waits for the prediction; a "
+    "slower or failing store places it by load alone, never fails it",
     "GEMMANET_LOG_FORMAT": EXTRA_VARIABLES["GEMMANET_LOG_FORMAT"][1],
 }
 
@@ -144,6 +157,17 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "max_active_per_key",
             "residency_stale_s",
             "lease_ttl_s",
+        ),
+    ),
+    (
+        "Prefix affinity",
+        (
+            "affinity",
+            "affinity_prefix_weight",
+            "affinity_load_weight",
+            "affinity_ttl_s",
+            "affinity_max_blocks",
+            "affinity_lookup_timeout_s",
         ),
     ),
     (

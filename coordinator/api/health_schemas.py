@@ -38,6 +38,21 @@ class MonitorInfo(_Response):
     fenced_rejects: int
 
 
+class AffinityInfo(_Response):
+    """Prefix-affine placement on the answering instance since it started (docs/affinity.md):
+    placements whose lease went to a node predicted to hold some of the prefix (hits), to
+    another (misses), or made without a prediction (the lookup failed or was too slow)."""
+
+    enabled: bool
+    hits: int
+    misses: int
+    unavailable: int
+    # hits / (hits + misses); null before the first placement
+    hit_rate: float | None
+    # blocks (256 characters) of the prefix the chosen node held, on average over the hits
+    mean_predicted_blocks: float
+
+
 class ClusterResponse(_Response):
     """Instances, aggregate counts and (operator keys only) node details."""
 
@@ -57,3 +72,4 @@ class ClusterResponse(_Response):
     monitor: MonitorInfo | None
     # Every online node as in GET /api/v1/nodes; null unless ``admin``.
     nodes: list[NodeInfo] | None
+    affinity: AffinityInfo

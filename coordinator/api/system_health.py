@@ -20,7 +20,12 @@ from quart import Quart, Response
 from quart_schema import document_response, hide, security_scheme
 
 from coordinator import __version__
-from coordinator.api.health_schemas import ClusterResponse, InstanceLiveness, MonitorInfo
+from coordinator.api.health_schemas import (
+    AffinityInfo,
+    ClusterResponse,
+    InstanceLiveness,
+    MonitorInfo,
+)
 from coordinator.api.responses import error_response, json_response
 from coordinator.api.routes import _BEARER, _errors, authenticate, instance
 from coordinator.api.schemas import NodeInfo
@@ -123,6 +128,7 @@ def register_system_health(app: Quart) -> None:
             queue_depth=queue_depth,
             monitor=await _monitor(inst.coordination.monitor),
             nodes=nodes,
+            affinity=msgspec.convert(inst.affinity.status(), AffinityInfo),
         )
         return json_response(body)
 

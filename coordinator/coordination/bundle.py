@@ -17,6 +17,7 @@ from coordinator.coordination.roles import (
     KeyValue,
     Leases,
     MonitorStore,
+    PrefixAffinity,
     Presence,
     PubSub,
     RateLimits,
@@ -41,6 +42,7 @@ class Coordination(abc.ABC):
     telemetry: TelemetryStore
     monitor: MonitorStore
     pubsub: PubSub
+    affinity: PrefixAffinity
 
     async def __aenter__(self) -> Self:
         return self

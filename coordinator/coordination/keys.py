@@ -21,7 +21,8 @@ The instance registry (``core/registry.py`` is what the values hold):
 
 Capacity leases and queues (Redis; ``redis/lease_scripts.py`` says what each holds):
 ``lease:facts``, ``lease:n:{node}``, ``lease:i:{node}``, ``lease:q:{model}``,
-``lease:qi:{model}``, ``lease:a:{key id}``. Host telemetry: ``telemetry:{node}``. The monitor
+``lease:qi:{model}``, ``lease:a:{key id}``. Prefix affinity: ``affinity:b:{model}``,
+``affinity:t:{model}`` (``redis/affinity.py``). Host telemetry: ``telemetry:{node}``. The monitor
 (``monitor_types.py``): ``monitor:lease``, ``monitor:epoch``, ``monitor:fenced_rejects``,
 ``monitor:facts``, ``monitor:facts_at``, ``monitor:accepted:{epoch}``.
 
@@ -48,6 +49,7 @@ __all__ = [
     "SINGLE_INSTANCE_LOCK",
     "SNAPSHOT_PREFIX",
     "STREAM_PREFIX",
+    "affinity_keys",
     "inbox",
     "lease_active_key",
     "lease_node_keys",
@@ -110,6 +112,15 @@ def lease_queue_keys(model: str) -> list[str]:
 def lease_active_key(key_id: str) -> str:
     """An API key's active set (running or queued requests)."""
     return f"lease:a:{key_id}"
+
+
+# -- prefix affinity (Redis) -------------------------------------------------------------------
+
+
+def affinity_keys(model: str) -> list[str]:
+    """A model's prefix blocks (a hash: block -> its holders and their record deadlines) and
+    the blocks by their latest deadline (a sorted set: what expires or goes first)."""
+    return [f"affinity:b:{model}", f"affinity:t:{model}"]
 
 
 # -- host telemetry (Redis) --------------------------------------------------------------------

@@ -45,11 +45,13 @@ from coordinator.coordination.leases import (
 from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
 
 __all__ = [
+    "PREFIX_HOLDERS_KEPT",
     "ROLES",
     "KeyValue",
     "Leases",
     "Lifecycle",
     "MonitorStore",
+    "PrefixAffinity",
     "Presence",
     "PubSub",
     "RateLimits",
@@ -247,6 +249,29 @@ class MonitorStore(Protocol):
         """How many fact writes made with ``epoch`` were accepted (kept for an hour)."""
 
 
+#: nodes kept per prefix block (the most recent): a prefix many conversations share (a system
+#: prompt) is held by many nodes, and any few of them are as good a guess
+PREFIX_HOLDERS_KEPT = 4
+
+
+@runtime_checkable
+class PrefixAffinity(Protocol):
+    """Which nodes served which prefix blocks of a model (``core/affinity.py``): a prediction
+    of their KV caches, shared by every instance, expiring and bounded in size."""
+
+    async def prefix_holders(self, model: str, hashes: Sequence[str]) -> list[list[str]]:
+        """For each of ``hashes``, in order, the nodes recorded as holding that block of
+        ``model`` within the TTL of their record, most recent first (empty: none). One
+        round trip."""
+
+    async def record_prefix(
+        self, model: str, node_id: str, hashes: Sequence[str], *, ttl_s: float, max_blocks: int
+    ) -> None:
+        """Record ``node_id`` as holding each of ``hashes`` for ``ttl_s`` (a block keeps its
+        ``PREFIX_HOLDERS_KEPT`` most recent holders). A model keeps at most ``max_blocks``
+        blocks: past that, the least recently recorded go first. One round trip."""
+
+
 @runtime_checkable
 class PubSub(Protocol):
     """At-most-once publish/subscribe."""
@@ -281,4 +306,5 @@ ROLES: dict[str, type] = {
     "telemetry": TelemetryStore,
     "monitor": MonitorStore,
     "pubsub": PubSub,
+    "affinity": PrefixAffinity,
 }

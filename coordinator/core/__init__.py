@@ -9,6 +9,7 @@
     retries.py           when to make a store call again (a timeout, a failed release), when not
     placement.py         which node gets a task
     fit.py               whether a model can ever fit on the nodes serving it
+    affinity.py          which node is predicted to hold a request's prefix, and its worth
     node_table.py        which connection speaks for which node identity on this instance
     tracker.py           which tasks are pending, who may answer them, which must fail and why
     forwarding.py        the owner's table of tasks it runs for other instances

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from coordinator.core import fit, registry
+from coordinator.core.affinity import PrefixPrediction
 from coordinator.core.direct_hosts import DirectHosts
 from coordinator.core.effects import CallHost, Dispatch, Effect, Publish, StopHostCall, WakeQueue
 from coordinator.core.node_table import NodeConnection, view_of
@@ -52,6 +53,7 @@ class _RemoteViews:
 
     def __init__(self, views: list[NodeView], peers: Iterable[InstanceSnapshot] = ()) -> None:
         self.all = views
+        self.by_node = {view.node_id: view for view in views}
         self.by_model: dict[str, list[NodeView]] = {}
         for view in views:
             for model in view.models:
@@ -101,6 +103,7 @@ class InstanceMachine:
             host_views=self.hosts.views if self.hosts else None,
             serves=self.serves,
             sample=self.sample_views,
+            named=self.views_of,
         )
         self.ratings: Ratings = {}
         self._peers: dict[str, InstanceSnapshot] = {}
@@ -204,15 +207,42 @@ class InstanceMachine:
                 sample.append(_corrected(item, pending, self.peer_loads))
         return sample
 
+    def views_of(self, node_ids: Iterable[str]) -> list[NodeView]:
+        """The nodes named, here or on a live peer, seen as ``views`` sees them (those not
+        connected left out): the nodes a request's prefix prediction names, which a sample
+        may have missed. O(names), not O(nodes)."""
+        found: list[NodeView] = []
+        remote = None
+        for node_id in node_ids:
+            conn = self.owner.nodes.by_node(node_id)
+            if conn is not None:
+                found.append(view_of(conn, self.me, self.ratings))
+                continue
+            remote = self._remote_views() if remote is None else remote
+            view = remote.by_node.get(node_id)
+            if view is not None:
+                pending = self.requester.pending_per_remote_conn()
+                found.append(_corrected(view, pending, self.peer_loads))
+        return found
+
     # -- requests ---------------------------------------------------------------------------
 
-    def submit(self, assign: Assign, deadline: float, now: float, key_id: str = "") -> list[Effect]:
-        """A client's task. Raises NoNodeForModel when no online node serves its model, and
-        ModelNeverFits when none serving it has the memory budget one request of it needs."""
+    def submit(
+        self,
+        assign: Assign,
+        deadline: float,
+        now: float,
+        key_id: str = "",
+        prediction: PrefixPrediction | None = None,
+    ) -> list[Effect]:
+        """A client's task (``prediction``: which nodes hold how much of its prefix). Raises
+        NoNodeForModel when no online node serves its model, and ModelNeverFits when none
+        serving it has the memory budget one request of it needs."""
         need = self.needs.get(assign.model)
         if need is not None:
             self._refuse_if_never_fits(assign.model, need, now)
-        return self._route(self.requester.submit(assign, deadline, key_id, now), now)
+        effects = self.requester.submit(assign, deadline, key_id, now, prediction)
+        return self._route(effects, now)
 
     def _refuse_if_never_fits(self, model: str, need: float, now: float) -> None:
         # Cheap when all is well: the first local node that fits ends the look.

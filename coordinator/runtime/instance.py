@@ -8,6 +8,7 @@ The task tree of one instance::
 
     Instance.run                         the instance nursery
     ├── TaskRecorder.run                 batched task records
+    ├── Affinity.run                     who served which prefix, into the store
     ├── _read_bus                        this instance's inbox -> machine.bus_envelope
     ├── BusOutbox.run                    ordered sender lanes -> peers' inboxes
     ├── Membership.run                   presence heartbeat, peers' snapshots
@@ -80,6 +81,7 @@ from coordinator.runtime.nodes.telemetry import NodeTelemetry
 from coordinator.runtime.nodes.websocket import NodeSocket, serve_node_in
 from coordinator.runtime.requests import task_log
 from coordinator.runtime.requests.admission import Admissions
+from coordinator.runtime.requests.affinity import Affinity
 from coordinator.runtime.requests.task_recorder import TaskRecorder
 from coordinator.runtime.requests.task_requests import TaskRequests
 from coordinator.settings import Settings
@@ -146,6 +148,8 @@ class Instance:
             loads=self.machine.loads,
         )
         self.supervisor = Supervisor(self)
+        #: which nodes are predicted to hold a request's prefix (docs/affinity.md)
+        self.affinity = Affinity(settings, coordination.affinity, self.metrics)
         #: the request side: start, end and record the tasks this instance's clients ask for
         self.requests = TaskRequests(self, coordination.rate_limits)
         self.membership.on_presence_lapsed = self.supervisor.after_presence_lapsed
@@ -205,6 +209,7 @@ class Instance:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.recorder.run)
+            await nursery.start(self.affinity.run)
             # Listen before announcing ourselves: an assign sent the moment we appear alive
             # must find our inbox open.
             await nursery.start(self._read_bus)

@@ -43,6 +43,12 @@ gemmanet_lease_denials_total                counter    reason: no_room (one per 
                                                        "queued"), queue_timeout, queue_full,
                                                        key_limit, stale_facts, facts_missing,
                                                        no_node, coordination_unavailable
+gemmanet_affinity_placements_total          counter    result: hit (the lease went to a node
+                                                       predicted to hold some of the prefix),
+                                                       miss, unavailable (the lookup failed or
+                                                       timed out); only with GEMMANET_AFFINITY on
+gemmanet_affinity_predicted_blocks          histogram  blocks of the prefix (256 characters each)
+                                                       the chosen node was predicted to hold
 gemmanet_bus_envelopes_sent_total           counter    envelopes handed to the instance bus
 gemmanet_bus_envelopes_received_total       counter    envelopes read from this instance's inbox
 gemmanet_bus_envelopes_dropped_total        counter    reason: outbox_full, gave_up (the store
@@ -97,6 +103,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds: tasks run from milliseconds (echo) to minutes (long generations).
 TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+AFFINITY_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 REDIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 #: outcomes that are not an error code, with the status they stand for
@@ -211,6 +218,15 @@ class Metrics:
         self.lease_denials = Counter(
             "gemmanet_lease_denials", "capacity lease denials", ["reason"], registry=r
         )
+        self.affinity_placements = Counter(
+            "gemmanet_affinity_placements", "placements by prefix affinity", ["result"], registry=r
+        )
+        self.affinity_blocks = Histogram(
+            "gemmanet_affinity_predicted_blocks",
+            "prefix blocks the chosen node was predicted to hold",
+            buckets=AFFINITY_BUCKETS,
+            registry=r,
+        )
         self.bus_sent = Counter("gemmanet_bus_envelopes_sent", "bus envelopes sent", registry=r)
         self.bus_received = Counter(
             "gemmanet_bus_envelopes_received", "bus envelopes received", registry=r
@@ -268,6 +284,12 @@ class Metrics:
         """A task ended with the usage its node reported (a task without usage counts nothing)."""
         self.tokens.labels(model=model, kind="prompt").inc(usage.prompt_tokens)
         self.tokens.labels(model=model, kind="completion").inc(usage.completion_tokens)
+
+    def affinity_placement(self, result: str, blocks: int) -> None:
+        """A placement with affinity on: ``result`` hit, miss or unavailable."""
+        self.affinity_placements.labels(result=result).inc()
+        if result != "unavailable":
+            self.affinity_blocks.observe(blocks)
 
     def node_closed(self, node_id: str, code: int | None) -> None:
         """``code`` None: the node's side went away before we closed it."""

@@ -175,3 +175,21 @@ def test_failover_benchmark(tmp_path: Path) -> None:
     # Every request in flight on the killed owner got its 502, within the 3 s contract.
     assert positive(report["p50_s"]) and report["max_s"] <= 3.0
     assert report["within_contract"] is True
+
+
+@pytest.mark.redis
+def test_affinity_benchmark(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not found on PATH")
+    data, stdout = run_bench_output("tools.bench.affinity", tmp_path / "affinity.json")
+    assert data["benchmark"] == "affinity" and positive(data["cores"])
+    for mode in ("off", "on"):
+        figures = data[mode]
+        assert figures["requests"] == 4, figures  # 2 conversations x 2 turns, each answered
+        assert figures["ttft_p50_ms"] <= figures["ttft_p95_ms"], figures
+        assert positive(figures["ttft_mean_ms"]) and positive(figures["read_tokens"])
+        assert figures["prompt_tokens"] >= figures["read_tokens"], figures
+    # The instance found its own records of who served the first turns (one round trip
+    # each way through the shared store); with affinity off nothing is looked up.
+    assert data["on"]["hit_rate"] > 0 and data["off"]["hit_rate"] is None
+    assert has_ratio(data, "ttft_mean_on_over_off", stdout, "mean time to first token on / off:")

@@ -79,6 +79,9 @@ def test_the_constructor_and_the_environment_agree() -> None:
         ("GEMMANET_TASK_TIMEOUT_S", "nan"),
         ("GEMMANET_HEARTBEAT_S", "0"),
         ("GEMMANET_MULTI_INSTANCE", "maybe"),
+        ("GEMMANET_AFFINITY", "maybe"),
+        ("GEMMANET_AFFINITY_PREFIX_WEIGHT", "-1"),
+        ("GEMMANET_AFFINITY_MAX_BLOCKS", "0"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_variable(name: str, value: str) -> None:

@@ -19,6 +19,9 @@
   each client gets its 502.
 * ``python -m tools.bench.revocation`` — a key revoked through one instance (or by another
   process), time until the other instance refuses it; a revoked node, time until its 4001.
+* ``python -m tools.bench.affinity`` — prefix-affine placement against placement by load,
+  side by side: chat conversations on echo nodes that model a KV cache (time to first token,
+  prompt tokens the nodes read, the busiest node's share).
 
 Each starts its own coordinator, node and ``redis-server`` processes on free loopback ports
 (``_harness.py``), and kills them on exit (Ctrl-C included). The box they run on is usually
@@ -30,6 +33,7 @@ stream.py          throughput --stream under its own name
 cross_instance.py  the cross-instance hop against a local request, on each bus client
 failover.py        how fast a client learns that its task's instance is gone (kill -9)
 revocation.py      how fast a revocation reaches the other instance (keys and nodes)
+affinity.py        prefix affinity on against off, on nodes modelling a prefix cache
 scale.py           the cost of a cluster as its number of nodes grows
 scale_fleet.py     thousands of light nodes in one process, for scale.py
 channels_probe.py  Django Channels' Redis pub/sub layer doing the same round trip (the peer)

@@ -13,6 +13,7 @@ config.py      ``AgentConfig``, the exits that end the agent, the reconnect back
 settings.py    validated settings of one agent, parsed from command-line strings
 task_run.py    one task against the backend: its refusal, chunks, result or error
 backends.py    the model backends (echo, Ollama, OpenAI-compatible), one small class each
+prefix_cache.py  the echo backend behind a modelled prefix (KV) cache, for benchmarks
 health.py      whether the backend answers: checked before the hello, then periodically;
                while it does not, the node serves none of its models
 silence.py     waiting for the coordinator's next message; deciding it has gone silent

@@ -21,6 +21,7 @@ import trio
 
 from protocol.log_lines import bind_log_ids, json_logging_active, register_secret
 from protocol.telemetry import TelemetrySample
+from tools.node_agent import prefix_cache
 from tools.node_agent.agent import AgentConfig, AgentExit, NodeAgent
 from tools.node_agent.backends import make_backend
 from tools.node_agent.logs import configure_logging_once
@@ -199,6 +200,7 @@ async def serve_node(
     seed = settings.seed if settings.seed is not None else random.SystemRandom().getrandbits(64)
     # One generator per subsystem, so echo latency draws do not shift the reconnect jitter.
     backend = make_backend(settings, rng=random.Random(f"{seed}:backend"))
+    backend = prefix_cache.from_env(backend)  # a benchmark's model of a KV cache, if asked for
     agent = NodeAgent(
         AgentConfig(
             ws_url=settings.ws_url,

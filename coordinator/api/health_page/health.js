@@ -110,6 +110,14 @@
 
   // -- rendering ---------------------------------------------------------------------------
 
+  // This instance's placements: how many went to a node predicted to hold the prefix.
+  function affinityText(a) {
+    if (!a.enabled) return "off";
+    if (a.hit_rate === null) return "no placements yet";
+    const rate = Math.round(a.hit_rate * 100);
+    return `${rate}% hits (${a.hits} of ${a.hits + a.misses}), ${a.mean_predicted_blocks} blocks`;
+  }
+
   async function render(cluster, key) {
     const live = cluster.instances.filter((i) => i.state === "live").length;
     $("stat-instances").textContent = `${live} / ${cluster.instances.length}`;
@@ -119,6 +127,7 @@
     $("stat-monitor").textContent = cluster.monitor
       ? `${cluster.monitor.primary} (epoch ${cluster.monitor.epoch})`
       : "no monitor elected";
+    $("stat-affinity").textContent = affinityText(cluster.affinity);
     const waiting = Object.entries(cluster.queued || {}).filter(([, n]) => n > 0);
     // Only an operator key gets the queue per model (it names the models); others, the total.
     $("queue-detail").textContent = waiting.length

@@ -23,6 +23,7 @@ from coordinator.coordination.bundle import Coordination
 from coordinator.coordination.memory.link import MemoryLink
 from coordinator.coordination.memory.pubsub import DEFAULT_SUBSCRIBER_BUFFER, MemoryPubSub
 from coordinator.coordination.memory.roles import (
+    MemoryAffinity,
     MemoryKeyValue,
     MemoryLeases,
     MemoryMonitor,
@@ -47,6 +48,7 @@ class MemoryCoordination(Coordination):
     telemetry: MemoryTelemetry
     monitor: MemoryMonitor
     pubsub: MemoryPubSub
+    affinity: MemoryAffinity
 
     def __init__(
         self,
@@ -65,6 +67,7 @@ class MemoryCoordination(Coordination):
         self.telemetry = MemoryTelemetry(link)
         self.monitor = MemoryMonitor(link)
         self.pubsub = MemoryPubSub(link, subscriber_buffer=subscriber_buffer)
+        self.affinity = MemoryAffinity(link)
 
     async def ping(self) -> None:
         await self.link.enter()

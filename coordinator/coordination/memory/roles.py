@@ -20,6 +20,7 @@ from coordinator.coordination.memory.link import MemoryLink
 from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
 
 __all__ = [
+    "MemoryAffinity",
     "MemoryKeyValue",
     "MemoryLeases",
     "MemoryMonitor",
@@ -223,3 +224,20 @@ class MemoryMonitor:
 
     async def accepted_fact_writes(self, epoch: int) -> int:
         return (await self._link.enter()).monitor.accepted(epoch)
+
+
+class MemoryAffinity:
+    """``PrefixAffinity`` over the state's prefix tables."""
+
+    def __init__(self, link: MemoryLink) -> None:
+        self._link = link
+
+    async def prefix_holders(self, model: str, hashes: Sequence[str]) -> list[list[str]]:
+        state = await self._link.enter()
+        return state.affinity.holders(model, hashes, state.now())
+
+    async def record_prefix(
+        self, model: str, node_id: str, hashes: Sequence[str], *, ttl_s: float, max_blocks: int
+    ) -> None:
+        state = await self._link.enter()
+        state.affinity.record(model, node_id, hashes, ttl_s, max_blocks, state.now())

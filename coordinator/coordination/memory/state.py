@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.coordination.base import PresenceView, RateDecision
+from coordinator.coordination.memory.affinity import PrefixTables
 from coordinator.coordination.memory.leases import LeaseTables
 from coordinator.coordination.memory.monitor import MonitorTables
 from coordinator.coordination.memory.presence import PresenceRegistries
@@ -61,6 +62,8 @@ class MemoryState:
         self.telemetry = TelemetryHistories()
         #: the monitor election and its fenced host facts (``memory_monitor``)
         self.monitor = MonitorTables(self)
+        #: which nodes served which prefix blocks (callers pass ``now()``)
+        self.affinity = PrefixTables()
         #: payloads lost because a subscriber's buffer was full
         self.dropped = 0
 

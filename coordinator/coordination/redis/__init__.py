@@ -8,6 +8,7 @@ leases.py        its leases and queues
 lease_scripts.py the Lua scripts of its leases and queues
 telemetry.py     its host telemetry histories (with their scripts)
 monitor.py       its monitor election and fenced facts (with their scripts)
+affinity.py      its prefix affinity: which nodes served which blocks (with its scripts)
 pubsub.py        its PUBLISH and SUBSCRIBE (the lean client, at the link's master)
 scripts.py       the Lua scripts of its compound operations
 acl.py           the least ACL rights of one instance (gemmanet redis-acl)

@@ -2,9 +2,9 @@
 
 Every command the Redis backend, the buses and their Lua scripts send, found by reading the
 role modules of ``redis/`` (``key_value.py``, ``rate_limits.py``, ``presence.py``,
-``leases.py``, ``telemetry.py``, ``monitor.py``, ``pubsub.py``, ``subscription.py``),
-``redis/connect/``, ``redis/lean/``, ``bus/streams.py`` and the scripts (``redis.call`` inside
-a script is checked against the caller's rights too). Every key and channel is ``<prefix>:…``
+``leases.py``, ``telemetry.py``, ``monitor.py``, ``affinity.py``, ``pubsub.py``,
+``subscription.py``), ``redis/connect/``, ``redis/lean/``, ``bus/streams.py`` and the scripts
+(``redis.call`` inside a script is checked against the caller's rights too). Every key and channel is ``<prefix>:…``
 (``keys.py``). A new command in the backend must be added here, or the ACL end-to-end test
 fails with NOPERM.
 """

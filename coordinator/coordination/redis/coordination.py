@@ -4,7 +4,7 @@
 connection layer: lanes of multiplexed connections, timeouts, error mapping, and why it works
 below coredis's public client; ``connect/link.py``) and one object per role on it
 (``key_value.py``, ``rate_limits.py``, ``presence.py``, ``leases.py``, ``telemetry.py``,
-``monitor.py``, ``pubsub.py``).
+``monitor.py``, ``pubsub.py``, ``affinity.py``).
 
 Failure model (see ``roles.py``):
 
@@ -31,6 +31,7 @@ import trio
 
 from coordinator.coordination.base import CoordinationUnavailable, OpObserver
 from coordinator.coordination.bundle import Coordination
+from coordinator.coordination.redis.affinity import RedisAffinity
 from coordinator.coordination.redis.connect.errors import redact_url
 from coordinator.coordination.redis.connect.link import RedisLink
 from coordinator.coordination.redis.key_value import RedisKeyValue
@@ -69,6 +70,7 @@ class RedisCoordination(Coordination):
     telemetry: RedisTelemetry
     monitor: RedisMonitor
     pubsub: RedisPubSub
+    affinity: RedisAffinity
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class RedisCoordination(Coordination):
         self.leases = RedisLeases(link)
         self.telemetry = RedisTelemetry(link)
         self.monitor = RedisMonitor(link)
+        self.affinity = RedisAffinity(link)
         self._stack: AsyncExitStack | None = None
         self._run_scope: trio.CancelScope | None = None
 

@@ -16,8 +16,9 @@ active-set entry of its API key) is given back when it ends (``ReleaseLease``).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from coordinator.core.affinity import PrefixPrediction
 from coordinator.core.effects import (
     Deliver,
     Dispatch,
@@ -58,13 +59,14 @@ class PlacementAttempts:
         host_views: Callable[[float], list[NodeView]] | None = None,
         serves: Callable[[str], bool] | None = None,
         sample: Callable[[str, int, random.Random], list[NodeView] | None] | None = None,
+        named: Callable[[Iterable[str]], list[NodeView]] | None = None,
     ) -> None:
         self.me = instance_id
         # API keys have an active-request limit: every request holds an entry in the store.
         self._tracks_keys = tracks_keys
         self.tracker = TaskTracker()
         self._candidates = Candidates(
-            views, rng=rng, host_views=host_views, serves=serves, sample=sample
+            views, rng=rng, host_views=host_views, serves=serves, sample=sample, named=named
         )
         self._requests: dict[str, Request] = {}
         # Where tasks were placed whose answer overtook their own dispatch (it can: the answer
@@ -78,14 +80,20 @@ class PlacementAttempts:
     # -- the lease --------------------------------------------------------------------------
 
     def submit(
-        self, assign: Assign, deadline: float, key_id: str = "", now: float | None = None
+        self,
+        assign: Assign,
+        deadline: float,
+        key_id: str = "",
+        now: float | None = None,
+        prediction: PrefixPrediction | None = None,
     ) -> list[Effect]:
-        """Take a new task: ask for a lease on a node serving its model. Raises NoNodeForModel
-        when no online node (nor, given ``now``, direct host) serves it (refused at once,
-        never queued)."""
+        """Take a new task: ask for a lease on a node serving its model, its candidates
+        ranked with ``prediction`` (which nodes hold how much of its prefix) if given. Raises
+        NoNodeForModel when no online node (nor, given ``now``, direct host) serves it
+        (refused at once, never queued)."""
         if not self._candidates.any_serves(assign.model, now):
             raise no_node_serves(assign.model)
-        request = Request(assign, deadline, key_id=key_id, attempt=1)
+        request = Request(assign, deadline, key_id=key_id, attempt=1, prediction=prediction)
         self._requests[assign.task_id] = request
         return [Reserve(assign.task_id, 1)]
 
@@ -104,6 +112,7 @@ class PlacementAttempts:
             gone_instances=request.gone_instances,
             full=request.full,
             now=now,
+            prediction=request.prediction,
         )
 
     def reserved(self, task_id: str, attempt: int, view: NodeView, lease_id: str) -> list[Effect]:

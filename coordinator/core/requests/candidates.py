@@ -1,14 +1,16 @@
 """Where a request's candidate nodes come from: this instance's nodes and its peers' (``views``),
 the direct hosts fresh at a given time (``host_views``), and, when many nodes serve a model, a
-random sample of them (``sample``: placement among thousands without looking at each). Pure;
+random sample of them (``sample``: placement among thousands without looking at each), joined
+by the nodes a request's prefix prediction names (``named``). Pure;
 the ``Requester`` asks it, the ``InstanceMachine`` provides the sources."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 
-from coordinator.core.placement import SAMPLE_SIZE, NodeView, needs_full_scan, rank_candidates
+from coordinator.core.affinity import PrefixPrediction, rank_by_affinity
+from coordinator.core.placement import SAMPLE_SIZE, NodeView, needs_full_scan
 
 #: how many candidates one attempt at a lease tries, best first
 MAX_CANDIDATES = 8
@@ -23,6 +25,7 @@ class Candidates:
         host_views: Callable[[float], list[NodeView]] | None = None,
         serves: Callable[[str], bool] | None = None,
         sample: Callable[[str, int, random.Random], list[NodeView] | None] | None = None,
+        named: Callable[[Iterable[str]], list[NodeView]] | None = None,
     ) -> None:
         self._views = views
         # Direct model hosts: candidates only while their facts are fresh, so at a given time.
@@ -32,6 +35,8 @@ class Candidates:
         self._serves = serves
         # A random sample of the nodes serving a model, when many do (None: rank them all).
         self._sample = sample
+        # The nodes of the given ids (a sample joined by those a prefix prediction names).
+        self._named = named
         self._rng = rng
 
     def any_serves(self, model: str, now: float | None) -> bool:
@@ -50,21 +55,35 @@ class Candidates:
         gone_instances: Collection[str],
         full: Collection[str],
         now: float | None,
+        prediction: PrefixPrediction | None = None,
     ) -> list[NodeView]:
-        """The first ``MAX_CANDIDATES`` to try for ``model``, best first: from a sample when
-        many nodes serve it and the sample has a free one, else from all of them. Connections
-        in ``full`` come last; those gone (or on instances gone) for this request not at all."""
+        """The first ``MAX_CANDIDATES`` to try for ``model``, best first (by load, or with
+        ``prediction`` by load against predicted prefix, ``core/affinity.py``): from a sample
+        when many nodes serve it and the sample has a free one, else from all of them.
+        Connections in ``full`` come last; those gone (or on instances gone) for this request
+        not at all."""
         serving = None
         if self._sample is not None:
             sample = self._sample(model, SAMPLE_SIZE, self._rng)
             if sample is not None:
                 sample += [v for v in self._hosts(now) if model in v.models]
+                sample += self._predicted(model, sample, prediction)
                 serving = _without(sample, gone_conns, gone_instances)
         if serving is None or needs_full_scan(serving, full):
             serving = self.serving(
                 model, gone_conns=gone_conns, gone_instances=gone_instances, now=now
             )
-        return rank_candidates(serving, rng=self._rng, last=full, limit=MAX_CANDIDATES)
+        return rank_by_affinity(serving, prediction, rng=self._rng, last=full, limit=MAX_CANDIDATES)
+
+    def _predicted(
+        self, model: str, sample: list[NodeView], prediction: PrefixPrediction | None
+    ) -> list[NodeView]:
+        """The nodes ``prediction`` names that serve ``model`` and the sample missed."""
+        if prediction is None or not prediction.held or self._named is None:
+            return []
+        drawn = {v.node_id for v in sample}
+        missed = [n for n in prediction.held if n not in drawn]
+        return [v for v in self._named(missed) if model in v.models]
 
     def serving(
         self,

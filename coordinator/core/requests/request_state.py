@@ -25,6 +25,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from coordinator.core.affinity import PrefixPrediction
 from protocol import Assign
 
 
@@ -114,6 +115,8 @@ class Request:
     report_due: bool = False
     #: the owner was declared dead while the report was due: the report decides the outcome
     owner_died_meanwhile: bool = False
+    #: which nodes are predicted to hold how much of its prefix (None: rank by load alone)
+    prediction: PrefixPrediction | None = None
 
     def move(self, new: RequestState) -> None:
         """Go to ``new``, if the lifecycle allows it (else ``IllegalTransition``)."""

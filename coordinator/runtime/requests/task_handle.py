@@ -6,6 +6,7 @@ import trio
 
 from coordinator.core.effects import ChunkEvent, DoneEvent, FailedEvent, MovedEvent, TaskEvent
 from coordinator.errors import GemmaNetError, TaskTimedOut
+from coordinator.runtime.requests.affinity import Lookup
 from coordinator.store import TaskRecord
 
 __all__ = ["ChunkEvent", "DoneEvent", "FailedEvent", "TaskEvent", "TaskHandle", "queued_failure"]
@@ -57,6 +58,8 @@ class TaskHandle:
         self.outcome: str | None = None
         #: the final event, once it arrived (its usage is recorded with the task)
         self.done: DoneEvent | None = None
+        #: its prefix and what was predicted of it (None: affinity off)
+        self.affinity: Lookup | None = None
 
     async def next_event(self) -> ChunkEvent | DoneEvent:
         """The next chunk or the final result; raises the task's error (502/503/504)."""

@@ -20,6 +20,7 @@ import msgspec
 import trio
 
 from coordinator.coordination import RateLimits
+from coordinator.core.affinity import prefix_text
 from coordinator.core.effects import Effect, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.task_content import check_content_fits
@@ -27,6 +28,7 @@ from coordinator.errors import GemmaNetError, NodeDisconnected, StoreError
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.requests import task_log
+from coordinator.runtime.requests.affinity import Affinity, Lookup
 from coordinator.runtime.requests.rate_limit import check_rate_limit
 from coordinator.runtime.requests.task_handle import TaskHandle, queued_failure
 from coordinator.runtime.requests.task_recorder import TaskRecorder
@@ -49,6 +51,7 @@ class RequestHost(Protocol):
     recorder: TaskRecorder
     clock: Callable[[], float]
     wall_clock: Callable[[], float]
+    affinity: Affinity
     #: task id -> the channel of the request waiting for its events
     waiting: dict[str, trio.MemorySendChannel[TaskEvent]]
 
@@ -107,7 +110,9 @@ class TaskRequests:
         began = inst.clock()
         try:
             assign, deadline = self._assign(model, prompt, messages, options, stream, timeout_s)
-            handle = await self._place(key_id, assign, deadline)
+            text = prefix_text(prompt, messages)
+            lookup = await inst.affinity.predict(model, text, messages is not None)
+            handle = await self._place(key_id, assign, deadline, lookup)
         except GemmaNetError as exc:
             inst.metrics.task_refused(exc)
             raise
@@ -147,13 +152,17 @@ class TaskRequests:
         )
         return assign, inst.clock() + timeout
 
-    async def _place(self, key_id: str, assign: Assign, deadline: float) -> TaskHandle:
+    async def _place(
+        self, key_id: str, assign: Assign, deadline: float, lookup: Lookup | None
+    ) -> TaskHandle:
         inst = self._instance
         task_id = assign.task_id
         send, receive = trio.open_memory_channel[TaskEvent](math.inf)
         inst.waiting[task_id] = send
+        prediction = lookup.prediction if lookup is not None else None
         try:
-            await inst.carry_out(inst.machine.submit(assign, deadline, inst.clock(), key_id))
+            effects = inst.machine.submit(assign, deadline, inst.clock(), key_id, prediction)
+            await inst.carry_out(effects)
         except BaseException:
             inst.waiting.pop(task_id, None)
             inst.apply(inst.machine.request_ended(task_id, "client_gone", inst.clock()))
@@ -167,7 +176,8 @@ class TaskRequests:
         node_id, conn_id, owner = placement
         bind_log_ids(node_id=node_id)
         task_log.task_placed(task_id, node_id, owner)
-        return TaskHandle(
+        inst.affinity.placed(lookup, node_id)
+        handle = TaskHandle(
             task_id=task_id,
             node_id=node_id,
             conn_id=conn_id,
@@ -180,6 +190,8 @@ class TaskRequests:
             stream=assign.stream,
             created_at=inst.wall_clock(),
         )
+        handle.affinity = lookup
+        return handle
 
     async def end(self, handle: TaskHandle, outcome: str) -> None:
         """The request is done with its task (``outcome``: "ok" or an error code). Cancels it
@@ -192,6 +204,8 @@ class TaskRequests:
         inst.metrics.task_ended(outcome, local=local, took_s=inst.clock() - handle.began_at)
         if handle.done is not None and handle.done.usage is not None:
             inst.metrics.tokens_used(handle.model, handle.done.usage)
+        if outcome == "ok" and handle.done is not None:
+            inst.affinity.record(handle.affinity, handle.model, handle.node_id, handle.done.output)
         task_log.task_ended(handle.task_id, handle.node_id, outcome)
         inst.waiting.pop(handle.task_id, None)
         inst.apply(inst.machine.request_ended(handle.task_id, outcome, inst.clock()))
