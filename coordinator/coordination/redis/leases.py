@@ -114,6 +114,9 @@ class RedisLeases:
             str(int(rules.queue_max)),
             str(int(rules.max_active_per_key)),
             "1" if ask.again else "0",
+            rules.queue_policy,
+            ask.key_id,
+            str(int(ask.weight)),
         ]
         for node_id, conn_id in ask.candidates:
             keys += self._node_keys(node_id)
@@ -161,6 +164,7 @@ class RedisLeases:
             "0" if lease is None else "1",
             "" if lease is None else lease[1],
             _us(rules.requester_stale_s),
+            rules.queue_policy,
             *wake,
         ]
         reply = await self._link.run_script(RELEASE, keys, args)
@@ -186,7 +190,9 @@ class RedisLeases:
         keys = [self._name(rules.presence_registry)]
         for model in models:
             keys += self._queue_keys(model)
-        reply = await self._link.run_script(QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s)])
+        reply = await self._link.run_script(
+            QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s), rules.queue_policy]
+        )
         return {model: int(depth) for model, depth in zip(models, reply, strict=True)}
 
 
