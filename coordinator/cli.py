@@ -59,14 +59,19 @@ def _serve(args: argparse.Namespace) -> int:
 def _keys_create(args: argparse.Namespace) -> int:
     from coordinator.settings import Settings
     from coordinator.store import Store, check_key_name
+    from coordinator.store.records import check_priority
 
-    try:
-        check_key_name(args.name)
-    except ValueError as exc:
-        return _fail(f"--name: {exc}", 2)
+    for flag, check, value in [
+        ("--name", check_key_name, args.name),
+        ("--priority", check_priority, args.priority),
+    ]:
+        try:
+            check(value)
+        except ValueError as exc:
+            return _fail(f"{flag}: {exc}", 2)
     store = Store.open(Settings.from_env().database_url)
     try:
-        record, key = store.create_api_key_sync(args.name, admin=args.admin)
+        record, key = store.create_api_key_sync(args.name, admin=args.admin, priority=args.priority)
     finally:
         store.close()
     kind = "operator (admin) API key" if record.admin else "API key"
@@ -290,6 +295,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="an operator key: also sees node details and the queue per model on "
         "/system-health and /api/v1/cluster",
+    )
+    create.add_argument(
+        "--priority",
+        type=int,
+        default=1,
+        metavar="N",
+        help="its weight in the fair admission queue, 1-100: requests it is granted per turn "
+        "while keys take turns (default 1; docs/fair-queuing.md)",
     )
     if wanted("keys"):
         settings_epilog(create, ("database_url",))

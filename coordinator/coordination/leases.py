@@ -161,6 +161,9 @@ class Admission:
     refusals: dict[str, RefusalReason] = field(default_factory=dict)
     #: granted with others still queued for the model: the instance of the first of them
     next_in_queue: str = ""
+    #: granted or queued: the request id first in the queue after this call ("" when it is
+    #: empty; queued: maybe this very request)
+    head: str = ""
 
 
 @dataclass(frozen=True, slots=True)

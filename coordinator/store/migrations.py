@@ -22,6 +22,7 @@ ADDED_COLUMNS: tuple[tuple[sa.Table, str], ...] = (
     (api_keys, "is_admin"),
     (tasks, "prompt_tokens"),
     (tasks, "completion_tokens"),
+    (api_keys, "priority"),
 )
 
 

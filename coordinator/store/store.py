@@ -24,7 +24,7 @@ from . import tokens
 from .cache import TtlCache
 from .engine import create_engine, create_tables, is_sqlite_memory, normalize_url, safe_url
 from .errors import AlreadyRated, StoreError, StoreUnavailable, TaskForbidden, TaskNotFound
-from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow
+from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow, check_priority
 from .schema import api_keys, node_tokens, ratings, tasks
 from .usage import check_usage_window, usage_query, usage_rows
 
@@ -154,12 +154,15 @@ class Store:
     # ------------------------------------------------------------------ API keys
 
     @_translate_errors
-    def create_api_key_sync(self, name: str, *, admin: bool = False) -> tuple[ApiKey, str]:
-        """Create a client API key (an operator key with ``admin``). Returns the record and the
-        plaintext key, shown only once."""
+    def create_api_key_sync(
+        self, name: str, *, admin: bool = False, priority: int = 1
+    ) -> tuple[ApiKey, str]:
+        """Create a client API key (an operator key with ``admin``; ``priority``: its weight in
+        the fair admission queue). Returns the record and the plaintext key, shown only once."""
         check_key_name(name)
+        check_priority(priority)
         plaintext = tokens.new_api_key()
-        record = ApiKey(key_id=tokens.new_key_id(), name=name, admin=admin)
+        record = ApiKey(tokens.new_key_id(), name, admin=admin, priority=priority)
         with self._transaction() as conn:
             conn.execute(
                 api_keys.insert().values(
@@ -168,6 +171,7 @@ class Store:
                     key_hash=tokens.digest(plaintext),
                     created_at=self._wall_clock(),
                     is_admin=admin,
+                    priority=priority,
                 )
             )
         log.info("created %sAPI key %s (%s)", "admin " if admin else "", record.key_id, name)
@@ -183,12 +187,16 @@ class Store:
         with self._engine.connect() as conn:
             row = conn.execute(
                 sa.select(
-                    api_keys.c.key_id, api_keys.c.name, api_keys.c.key_hash, api_keys.c.is_admin
+                    api_keys.c.key_id,
+                    api_keys.c.name,
+                    api_keys.c.key_hash,
+                    api_keys.c.is_admin,
+                    api_keys.c.priority,
                 ).where(api_keys.c.key_hash == key_hash)
             ).first()
         if row is None or not tokens.digests_equal(row.key_hash, key_hash):
             return None
-        return ApiKey(key_id=row.key_id, name=row.name, admin=bool(row.is_admin))
+        return ApiKey(row.key_id, row.name, admin=bool(row.is_admin), priority=int(row.priority))
 
     async def authenticate_api_key(self, plaintext: str) -> ApiKey | None:
         """The key's record, or None when it is unknown or malformed.

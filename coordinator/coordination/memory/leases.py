@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -105,14 +106,8 @@ class LeaseTables:
                     queue.granted(ask.request_id)
                     # The new head is judged like any head: a dead or expired one is dropped,
                     # else the caller would wake an instance that will never try again.
-                    return Admission(
-                        "granted",
-                        node_id=node_id,
-                        conn_id=conn_id,
-                        lease_id=ask.lease_id,
-                        refusals=refusals,
-                        next_in_queue=self._head_instance(ask.model, rules, now),
-                    )
+                    grant = self._granted(ask, node_id, conn_id, rules, now)
+                    return dataclasses.replace(grant, refusals=refusals)
                 refusals[node_id] = reason
             if ask.candidates and all(r in ("stale", "gone") for r in refusals.values()):
                 if entered:
@@ -127,7 +122,10 @@ class LeaseTables:
             entry = QueueEntry(ask.instance_id, now + ask.queue_entry_ttl_s, ask.key_id)
             queue.join(ask.request_id, entry, ask.weight)
             ahead = queue.position(ask.request_id)
-        return Admission("queued", position=ahead, refusals=refusals)
+        head = queue.head()
+        return Admission(
+            "queued", position=ahead, refusals=refusals, head=head[0] if head is not None else ""
+        )
 
     def _held_again(self, ask: LeaseAsk, rules: AdmissionRules, now: float) -> Admission | None:
         """Asked again: the lease an earlier copy of this ask was granted, granted once more
@@ -147,13 +145,7 @@ class LeaseTables:
             )
             if usable:
                 self._queue(ask.model, rules, now).leave(ask.request_id)
-                return Admission(
-                    "granted",
-                    node_id=node_id,
-                    conn_id=conn_id,
-                    lease_id=ask.lease_id,
-                    next_in_queue=self._head_instance(ask.model, rules, now),
-                )
+                return self._granted(ask, node_id, conn_id, rules, now)
             del node.leases[ask.lease_id]
         return None
 
@@ -211,9 +203,9 @@ class LeaseTables:
                 del self._active[key_id]
         heads = []
         for name in dict.fromkeys(release.wake_models):
-            instance_id = self._head_instance(name, rules, now)
-            if instance_id:
-                heads.append((name, instance_id))
+            head = self._queue(name, rules, now).head()
+            if head is not None:
+                heads.append((name, head[1].instance_id))
         return heads
 
     # -- views ------------------------------------------------------------------------------
@@ -261,10 +253,19 @@ class LeaseTables:
             queue.leave(request_id)
         return queue
 
-    def _head_instance(self, model: str, rules: AdmissionRules, now: float) -> str:
-        """The instance of the queue's (usable) head; "" for an empty queue."""
-        head = self._queue(model, rules, now).head()
-        return "" if head is None else head[1].instance_id
+    def _granted(
+        self, ask: LeaseAsk, node_id: str, conn_id: str, rules: AdmissionRules, now: float
+    ) -> Admission:
+        """The grant, naming the queue's usable head (its instance and request id) next."""
+        head = self._queue(ask.model, rules, now).head()
+        return Admission(
+            "granted",
+            node_id=node_id,
+            conn_id=conn_id,
+            lease_id=ask.lease_id,
+            next_in_queue="" if head is None else head[1].instance_id,
+            head="" if head is None else head[0],
+        )
 
     def _drop_dead(self, active: dict[str, str], rules: AdmissionRules, now: float) -> None:
         for request_id, instance_id in list(active.items()):

@@ -254,7 +254,8 @@ def _lease_script(name: str, body: str) -> LuaScript:
 # entry TTL us, facts_stale us, requester_stale us, lease TTL us, queue_max,
 # max_active_per_key (0: no limit), '1'/'0' (asked again: look for the lease id first),
 # 'fair'/'fifo', key id, weight, then (node id, conn id) per candidate.
-# Returns {outcome, node, conn, lease id, position, {node, reason, ...}, next_in_queue}.
+# Returns {outcome, node, conn, lease id, position, {node, reason, ...}, next_in_queue,
+# head request id}.
 ADMIT = _lease_script(
     "lease_admit",
     """
@@ -281,8 +282,8 @@ if again then
       local facts = raw and cjson.decode(raw)
       if facts and facts.conn == conn and alive(presence, facts.instance, facts_window) then
         queue_leave(Q, rid)
-        local _, next_instance = queue_head(Q, presence, requester_window)
-        return {'granted', node, conn, lease_id, 0, {}, next_instance or ''}
+        local next_rid, next_instance = queue_head(Q, presence, requester_window)
+        return {'granted', node, conn, lease_id, 0, {}, next_instance or '', next_rid or ''}
       end
       redis.call('ZREM', n, lease_id)
       redis.call('HDEL', i, lease_id)
@@ -317,7 +318,7 @@ if limit > 0 and redis.call('HEXISTS', active, rid) == 0 then
       redis.call('HDEL', active, entries[k])
     end
   end
-  if redis.call('HLEN', active) >= limit then return {'key_limit', '', '', '', 0, {}, ''} end
+  if redis.call('HLEN', active) >= limit then return {'key_limit', '', '', '', 0, {}, '', ''} end
   redis.call('HSET', active, rid, instance)
   entered = true
 end
@@ -342,8 +343,8 @@ if ahead == 0 then
     local why = try_reserve(node, conn, KEYS[9 + 2 * k], KEYS[10 + 2 * k])
     if not why then
       queue_granted(Q, rid)
-      local _, next_instance = queue_head(Q, presence, requester_window)
-      return {'granted', node, conn, lease_id, 0, refusals(), next_instance or ''}
+      local next_rid, next_instance = queue_head(Q, presence, requester_window)
+      return {'granted', node, conn, lease_id, 0, refusals(), next_instance or '', next_rid or ''}
     end
     if reasons[node] == nil then order[#order + 1] = node end
     reasons[node] = why
@@ -356,7 +357,7 @@ if ahead == 0 then
     if not usable then
       if entered then redis.call('HDEL', active, rid) end
       queue_leave(Q, rid)
-      return {'refused', '', '', '', 0, refusals(), ''}
+      return {'refused', '', '', '', 0, refusals(), '', ''}
     end
   end
 end
@@ -364,7 +365,7 @@ end
 if not queued then
   if redis.call('ZCARD', Q.q) >= queue_max then
     if entered then redis.call('HDEL', active, rid) end
-    return {'queue_full', '', '', '', 0, refusals(), ''}
+    return {'queue_full', '', '', '', 0, refusals(), '', ''}
   end
   local last = redis.call('ZRANGE', Q.q, -1, -1, 'WITHSCORES')
   local seq = 1
@@ -379,7 +380,8 @@ if not queued then
     if ttl ~= -2 and ttl < want then redis.call('PEXPIRE', key, want) end
   end
 end
-return {'queued', '', '', '', ahead, refusals(), ''}
+local head_rid = queue_head(Q, presence, requester_window)
+return {'queued', '', '', '', ahead, refusals(), '', head_rid or ''}
 """,
 )
 

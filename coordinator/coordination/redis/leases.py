@@ -122,7 +122,7 @@ class RedisLeases:
             keys += self._node_keys(node_id)
             args += [node_id, conn_id]
         reply = await self._link.run_script(self.admit_script, keys, args)
-        outcome, node_id, conn_id, lease_id, position, flat, next_in_queue = reply
+        outcome, node_id, conn_id, lease_id, position, flat, next_in_queue, head = reply
         refusals = {
             _text(flat[k]): cast(RefusalReason, _text(flat[k + 1])) for k in range(0, len(flat), 2)
         }
@@ -134,6 +134,7 @@ class RedisLeases:
             position=int(position),
             refusals=refusals,
             next_in_queue=_text(next_in_queue),
+            head=_text(head),
         )
 
     async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:
