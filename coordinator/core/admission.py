@@ -12,12 +12,12 @@ other waiters for the same model (only the first of them polls, a wake goes to t
 not first passes a wake on, the first leaving wakes the next), so one object keeps that order
 and each request's own state together, and no decision has to be made in the shell.
 
-Under the fair queue (``per_key``; ``coordination/leases.py``, *The queue's order*) the store's
-head is the first of *some* API key, so "first" means first of the model and key: a wake goes
-to the first local waiter of each key, each of them polls, and a waiter told it is not the head
-wakes the local waiter the store names as head (``Admission.head``) instead of passing the
-wake down the line (which would walk the whole local queue of a key whose turn it is not).
-The head itself polls too: asks of one key may overtake each other on the way.
+Under the fair queue (``fair``; ``coordination/leases.py``, *The queue's order*) the store's
+head is the oldest request of the key whose turn it is, seldom this instance's first waiter:
+a waiter told it is not the head wakes the local waiter the store names as head
+(``Admission.head``) instead of passing the wake down the line (which would walk the whole
+local queue, one ask each, to reach it), and the head polls too. A wake still goes to the first
+waiter; its answer names the head, so a grant costs about two asks whatever the keys.
 
 Events: ``start`` (the request's candidates), ``answer`` (the store's ``Admission``),
 ``timed_out`` (the store did not answer in time: slow, maybe not down), ``unreachable`` (it
@@ -129,7 +129,6 @@ class _Waiter:
     ticket: Ticket
     model: str
     queue_until: float
-    key: str = ""
     #: set at the first answer that every candidate went away; never reset (the give-up bound
     #: holds for the whole wait)
     gone_until: float | None = None
@@ -159,12 +158,11 @@ class AdmissionMachine:
         queue_max: int,
         max_active_per_key: int,
         store_outage_s: float,
-        per_key: bool = False,
+        fair: bool = False,
     ) -> None:
         self.me = me
-        # The fair queue: a request is first among this instance's waiters of its API key
-        # (the store's head is the first of some key), not of the model.
-        self._per_key = per_key
+        # The fair queue: a wake is passed to the head the store names, not down the line.
+        self._fair = fair
         self._queue_timeout_s = queue_timeout_s
         self._store_outage_s = store_outage_s
         self._queue_max = queue_max
@@ -178,19 +176,14 @@ class AdmissionMachine:
     # -- events -----------------------------------------------------------------------------
 
     def start(
-        self,
-        ticket: Ticket,
-        model: str | None,
-        candidates: Sequence[NodeView] | None,
-        now: float,
-        key: str = "",
+        self, ticket: Ticket, model: str | None, candidates: Sequence[NodeView] | None, now: float
     ) -> list[Decision]:
-        """A ``Reserve`` of API key ``key``: ``candidates`` as ``Requester.candidates`` gives
-        them now (None, or no model: the request ended meanwhile). Nothing (and nothing
-        registered) for a ticket already waiting: each ``Reserve`` is carried out once."""
+        """A ``Reserve``: ``candidates`` as ``Requester.candidates`` gives them now (None, or no
+        model: the request ended meanwhile). Nothing (and nothing registered) for a ticket
+        already waiting: each ``Reserve`` is carried out once."""
         if model is None or candidates is None or ticket in self._waiters:
             return []
-        waiter = _Waiter(ticket, model, queue_until=now + self._queue_timeout_s, key=key)
+        waiter = _Waiter(ticket, model, queue_until=now + self._queue_timeout_s)
         self._waiters[ticket] = waiter
         self._by_model.setdefault(model, []).append(waiter)
         return self._ask(waiter, candidates, now)
@@ -204,7 +197,7 @@ class AdmissionMachine:
         waiter.silent_since, waiter.timeouts = None, 0
         decisions: list[Decision] = []
         if outcome == "granted":
-            if admission.next_in_queue == self.me and self._per_key:
+            if admission.next_in_queue == self.me and self._fair:
                 decisions += self._wake_head(model, admission.head)
             elif admission.next_in_queue:
                 decisions += self.wake(model, admission.next_in_queue)
@@ -218,7 +211,7 @@ class AdmissionMachine:
         if outcome == "queued":
             waiter.queued_at = now if waiter.queued_at is None else waiter.queued_at
             decisions.append(Queued(ticket, admission.position))
-            if self._per_key and admission.position > 0:
+            if self._fair and admission.position > 0:
                 decisions += self._wake_head(model, admission.head)
             elif waiter.asked_after_wake and admission.position > 0:
                 decisions += self._pass_wake(waiter)
@@ -242,7 +235,7 @@ class AdmissionMachine:
                 error = facts_missing(model)
                 return decisions + self._fail(waiter, error, "facts_missing", now)
             return [*decisions, self._wait(waiter, now + GONE_RETRY_S, "gone_retry")]
-        first = self._first_of(waiter) is waiter or (self._per_key and admission.position == 0)
+        first = self._by_model[model][0] is waiter or (self._fair and admission.position == 0)
         if first and now + POLL_S < waiter.queue_until:
             return [*decisions, self._wait(waiter, now + POLL_S, "poll")]
         return [*decisions, self._wait(waiter, waiter.queue_until, "queue_deadline")]
@@ -314,15 +307,9 @@ class AdmissionMachine:
         return [] if waiter is None else self._leave(waiter, now)
 
     def wake_local(self, model: str) -> list[Decision]:
-        """Capacity may be free for ``model``: this instance's first waiter tries again (under
-        the fair order: its first waiter of each key)."""
-        waiters = self._by_model.get(model, [])
-        if not self._per_key:
-            return self._woken(waiters[0]) if waiters else []
-        firsts: dict[str, _Waiter] = {}
-        for w in waiters:
-            firsts.setdefault(w.key, w)
-        return [d for w in firsts.values() for d in self._woken(w)]
+        """Capacity may be free for ``model``: this instance's first waiter tries again."""
+        waiters = self._by_model.get(model)
+        return self._woken(waiters[0]) if waiters else []
 
     def wake(self, model: str, instance_id: str) -> list[Decision]:
         """``instance_id``'s first waiter for ``model`` is first in the shared queue: wake it."""
@@ -376,25 +363,17 @@ class AdmissionMachine:
         del self._waiters[waiter.ticket]
         queued_for = None if waiter.queued_at is None else now - waiter.queued_at
         decisions: list[Decision] = [Left(waiter.ticket, queued_for)]
-        was_first = self._first_of(waiter) is waiter
         waiters = self._by_model[waiter.model]
+        was_first = waiters[0] is waiter
         waiters.remove(waiter)
         if not waiters:
             del self._by_model[waiter.model]
-        elif was_first and (after := self._first_of(waiter)) is not None:
-            decisions += self._woken(after)  # the next local waiter may be first now
+        elif was_first:
+            decisions += self._woken(waiters[0])  # the next local waiter may be first now
         return decisions
 
     def _wake_head(self, model: str, head: str) -> list[Decision]:
-        """Fair order: wake the local waiter that is the store's ``head`` (a wake reaches the
-        firsts of each key, and within a key asks may overtake each other on the way)."""
+        """Fair order: wake the local waiter that is the store's ``head``, if it waits here."""
         waiters = self._by_model.get(model, [])
         found = next((w for w in waiters if w.ticket[0] == head), None)
         return self._woken(found) if found is not None else []
-
-    def _first_of(self, waiter: _Waiter) -> _Waiter | None:
-        """The first local waiter of ``waiter``'s model (fair: of its model and key)."""
-        waiters = self._by_model.get(waiter.model, [])
-        if not self._per_key:
-            return waiters[0] if waiters else None
-        return next((w for w in waiters if w.key == waiter.key), None)

@@ -553,7 +553,7 @@ def test_a_failed_release_is_retried_with_backoff_until_release_give_up_s() -> N
     assert now < RELEASE_GIVE_UP_S <= now + 2.0
 
 
-# -- the fair order (per_key) -----------------------------------------------------------------
+# -- the fair order ----------------------------------------------------------------------------
 
 
 def fair_machine() -> AdmissionMachine:
@@ -563,50 +563,46 @@ def fair_machine() -> AdmissionMachine:
         queue_max=7,
         max_active_per_key=3,
         store_outage_s=STORE_OUTAGE_S,
-        per_key=True,
+        fair=True,
     )
-
-
-def test_fair_a_wake_reaches_the_first_waiter_of_each_key_and_each_of_them_polls() -> None:
-    m = fair_machine()
-    T4 = ("t4", 1)
-    for ticket, key in [(T1, "ka"), (T2, "ka"), (T3, "kb"), (T4, "kb")]:
-        m.start(ticket, "m", [N1], 0.0, key)
-        decisions = m.answer(ticket, Admission("queued", position=1, head="t0"), 0.0)
-        why = step_of(decisions).why  # type: ignore[union-attr]
-        # The first of each key polls (the store's head is the first of some key).
-        assert why == ("poll" if ticket in (T1, T3) else "queue_deadline"), ticket
-    assert m.wake_local("m") == [WakeLocal(T1), WakeLocal(T3)]
-    # Under fifo the same waiters: only the first of the model.
-    fifo = machine()
-    for ticket, key in [(T1, "ka"), (T3, "kb")]:
-        fifo.start(ticket, "m", [N1], 0.0, key)
-        fifo.answer(ticket, queued(0 if ticket == T1 else 1), 0.0)
-    assert fifo.wake_local("m") == [WakeLocal(T1)]
 
 
 def test_fair_a_waiter_told_it_is_not_the_head_wakes_the_head_if_it_waits_here() -> None:
     m = fair_machine()
-    m.start(T1, "m", [N1], 0.0, "ka")
-    m.answer(T1, Admission("queued", position=0, head="t1"), 0.0)
-    m.start(T2, "m", [N1], 0.0, "kb")
-    # Not the head (t1 is, a local waiter): t1 is woken, the wake is not passed down the line.
-    decisions = m.answer(T2, Admission("queued", position=1, head="t1"), 0.0)
-    assert only(decisions, WakeLocal) == [WakeLocal(T1)]
+    T4, T5 = ("t4", 1), ("t5", 1)
+    for ticket in (T1, T2, T3):
+        m.start(ticket, "m", [N1], 0.0)
+        m.answer(ticket, Admission("queued", position=1, head="t9"), 0.0)
+    # Woken, the first waiter asks; the store names t3 (another key's turn) as its head: t3
+    # is woken at once, not t2 after t1's wake was passed down the line.
+    assert m.wake_local("m") == [WakeLocal(T1)]
+    m.waited(T1, [N1], 0.1)
+    decisions = m.answer(T1, Admission("queued", position=2, head="t3"), 0.1)
+    assert only(decisions, WakeLocal) == [WakeLocal(T3)]
+    # Under fifo the same answer passes the wake to the next local waiter.
+    fifo = machine()
+    for ticket in (T1, T2, T3):
+        fifo.start(ticket, "m", [N1], 0.0)
+        fifo.answer(ticket, queued(1), 0.0)
+    fifo.wake_local("m")
+    fifo.waited(T1, [N1], 0.1)
+    assert only(fifo.answer(T1, queued(2), 0.1), WakeLocal) == [WakeLocal(T2)]
     # A head elsewhere: nothing to wake here.
-    m.start(T3, "m", [N1], 0.0, "kc")
-    assert only(m.answer(T3, Admission("queued", position=2, head="t9"), 0.0), WakeLocal) == []
-    # A grant naming this instance's next head wakes exactly that one.
-    T4 = ("t4", 1)
-    m.start(T4, "m", [N1], 0.0, "kd")
-    grant = Admission("granted", "n1", "c1", "lease-4", next_in_queue="A", head="t3")
-    assert only(m.answer(T4, grant, 0.0), WakeLocal) == [WakeLocal(T3)]
+    m.start(T4, "m", [N1], 0.0)
+    assert only(m.answer(T4, Admission("queued", position=2, head="t9"), 0.0), WakeLocal) == []
+    # A grant naming this instance as the next head's wakes exactly that one.
+    m.start(T5, "m", [N1], 0.0)
+    grant = Admission("granted", "n1", "c1", "lease-5", next_in_queue="A", head="t2")
+    assert only(m.answer(T5, grant, 0.0), WakeLocal) == [WakeLocal(T2)]
 
 
-def test_fair_the_head_polls_even_when_an_older_waiter_of_its_key_is_here() -> None:
+def test_fair_the_head_polls_even_when_it_is_not_the_first_waiter_here() -> None:
     m = fair_machine()
-    m.start(T1, "m", [N1], 0.0, "ka")
+    m.start(T1, "m", [N1], 0.0)
     m.answer(T1, Admission("queued", position=3, head="t2"), 0.0)
-    m.start(T2, "m", [N1], 0.0, "ka")  # overtook t1 on the way to the store
+    m.start(T2, "m", [N1], 0.0)
     decisions = m.answer(T2, Admission("queued", position=0, head="t2"), 0.0)
     assert step_of(decisions) == WaitUntil(T2, POLL_S, "poll")
+    m.start(T3, "m", [N1], 0.0)
+    decisions = m.answer(T3, Admission("queued", position=1, head="t2"), 0.0)
+    assert step_of(decisions) == WaitUntil(T3, QUEUE_TIMEOUT_S, "queue_deadline")

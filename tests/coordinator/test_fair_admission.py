@@ -20,7 +20,8 @@ def test_a_flood_of_one_key_does_not_hold_up_another_under_fair() -> None:
     # (300 requests on 2 slots) and the quiet key's 20.
     assert 150 <= fair.flood_max_wait <= 161, fair.flood_max_wait
     # A wake reaches the head the store names: a grant costs a few asks (measured 4.2), not
-    # a walk down the flood's local waiters (39 per grant when waiters are first per model).
+    # a walk down the flood's local waiters (39 per grant with the wake passed down the line,
+    # as under fifo).
     assert fair.asks_per_grant <= 8, fair.asks_per_grant
 
 

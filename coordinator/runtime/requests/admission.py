@@ -119,7 +119,7 @@ class Admissions:
             queue_max=settings.queue_max,
             max_active_per_key=settings.max_active_per_key,
             store_outage_s=settings.store_outage_s,
-            per_key=settings.queue_policy == "fair",
+            fair=settings.queue_policy == "fair",
         )
         # Per waiting ticket, what cuts its wait short: set when the machine records a wake for
         # it (``WakeLocal``), renewed when a wakeable wait ends (the machine consumes the wake
@@ -145,8 +145,7 @@ class Admissions:
         ticket = (effect.task_id, effect.attempt)
         model = self._machine.requester.model_of(effect.task_id)
         key = self._machine.requester.key_of(effect.task_id)
-        now = self._clock()
-        decisions = self.waiters.start(ticket, model, self._candidates(effect), now, key)
+        decisions = self.waiters.start(ticket, model, self._candidates(effect), self._clock())
         if not decisions:
             return []  # the request ended meanwhile
         self._wakes[ticket] = trio.Event()
