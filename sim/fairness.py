@@ -9,6 +9,7 @@ the quiet key's come every ``quiet_every_s`` once the flood is queued. The node 
 itself, how many tasks it runs at once.
 
     python -m sim.fairness [--flood 300] [--slots 2] [--quiet 20] [--keys 1] [--weight 1]
+                           [--every 1]
 
 prints one JSON line per policy (the figures of docs/fair-queuing.md).
 """
@@ -197,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=2, help="the node's parallel slots")
     parser.add_argument("--quiet", type=int, default=20, help="the quiet key's requests")
     parser.add_argument("--weight", type=int, default=1, help="the quiet key's priority")
+    parser.add_argument(
+        "--every", type=float, default=1.0, help="seconds between the quiet key's requests"
+    )
     args = parser.parse_args(argv)
     for policy in ("fair", "fifo"):
         result = run_fairness(
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             flood=args.flood,
             slots=args.slots,
             quiet=args.quiet,
+            quiet_every_s=args.every,
             flood_keys=args.keys,
             quiet_weight=args.weight,
         )
