@@ -105,7 +105,8 @@ local function queue_granted(Q, rid)
   if head ~= rid then return queue_leave(Q, rid) end
   fair_drop(Q, key, member, rid)
   if key_count(Q, key) == 0 then return end
-  local d, w = string.match(redis.call('HGET', Q.qd, key), '^(%d+)\\t(%d+)$')
+  -- (a ring key always has its deficit; '1\\t1' only keeps a damaged queue serving)
+  local d, w = string.match(redis.call('HGET', Q.qd, key) or '1\\t1', '^(%d+)\\t(%d+)$')
   d = tonumber(d) - 1
   if d <= 0 then
     redis.call('LPOP', Q.qr)
@@ -133,19 +134,22 @@ local function queue_join(Q, rid, seq, expires, instance, key, weight)
 end
 -- Grants before rid (queued) if nothing else arrives (memory/queues.py says how).
 local function queue_position(Q, rid)
-  if not Q.fair then return redis.call('ZRANK', Q.q, rid) end
-  local _, _, mine = info_of(redis.call('HGET', Q.qi, rid))
+  local info = redis.call('HGET', Q.qi, rid)
+  if not Q.fair or not info then return redis.call('ZRANK', Q.q, rid) end
+  local _, _, mine = info_of(info)
   local from = key_range(mine)
   local index = redis.call('ZLEXCOUNT', Q.qk, from,
     '(' .. member_of(mine, tonumber(redis.call('ZSCORE', Q.q, rid)), rid))
   local ring = redis.call('LRANGE', Q.qr, 0, -1)
+  if #ring == 0 then return redis.call('ZRANK', Q.q, rid) end
   local dws = redis.call('HMGET', Q.qd, unpack(ring))
   local deficit, weight, me = {}, {}, 0
   for k, key in ipairs(ring) do
-    local d, w = string.match(dws[k], '^(%d+)\\t(%d+)$')
+    local d, w = string.match(dws[k] or '1\\t1', '^(%d+)\\t(%d+)$')
     deficit[k], weight[k] = tonumber(d), tonumber(w)
     if key == mine then me = k end
   end
+  if me == 0 then return redis.call('ZRANK', Q.q, rid) end
   local turn = 0
   if index >= deficit[me] then turn = 1 + math.floor((index - deficit[me]) / weight[me]) end
   local ahead = index
