@@ -8,8 +8,8 @@ interface, and the semantics every backend honours (``memory/leases.py`` is the 
   in the presence registry (``AdmissionRules.presence_registry``) within ``facts_stale_s``.
 * **``admit``** is one atomic step, one round trip: it enters the request in its API key's
   active set (running or queued, at most ``max_active_per_key``), keeps the model's queue in
-  order (a request that is not the queue's head waits; see *The queue's order* below), then tries the
-  candidate nodes in the caller's order and reserves the first that has room: its facts are
+  its order (a request that is not the queue's head waits; *The queue's order* below), then
+  tries the candidate nodes in the caller's order and reserves the first that has room: its facts are
   those of the candidate's connection and fresh, fewer leases than ``max_parallel``, and the
   memory budget holds the resident models, the models and KV budgets of its active leases and
   what this request adds. A reservation is a lease with a TTL (server time); the grant takes
@@ -41,7 +41,8 @@ the head takes 1 off the deficit; at 0 the key goes to the back of the ring with
 set to its weight again; a key whose last entry leaves (granted, released or dropped) leaves
 the ring, and its deficit with it. An entry dropped at the head costs nothing. A request
 granted at once (nobody queued) changes nothing. ``position`` is the number of grants the
-queue makes before this request if nothing else arrives (under ``fifo``: entries ahead).
+queue makes before this request if nothing else arrives (under ``fifo``: entries ahead), and
+``head`` the request id at the head after the call (a waiter that is not the head can wake it).
 """
 
 from __future__ import annotations

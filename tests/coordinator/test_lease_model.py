@@ -2,9 +2,11 @@
 reference model written here (from ``leases.py``, independently of ``memory/leases.py``).
 
 Random sequences of admissions (new requests and requests asking again, random candidates,
-models, sizes), renewals, expiries, releases, instances beating, leaving and falling silent,
-node facts put and dropped. Every reply is compared with the model's (outcome, node, lease,
-position, refusals in order, next_in_queue, renewals, queue heads, usage, queue depths), and
+models, sizes, key weights), renewals, expiries, releases, instances beating, leaving and
+falling silent, node facts put and dropped. Every reply is compared with the model's (outcome,
+node, lease, position, refusals in order, next_in_queue, head, renewals, queue heads, usage,
+queue depths), under both queue orders (``fair``: the model is a plain deficit round robin,
+``Drr``, whose positions are found by serving a copy one grant at a time), and
 throughout: a node's leases never exceed its ``max_parallel`` and the memory in use never
 exceeds its ``memory_gb`` (budgets are fixed per node; resident models are drawn once).
 
