@@ -156,7 +156,7 @@ def test_fair_queue_model_memory(trio_portal: Portal) -> None:
     def fresh() -> AbstractAsyncContextManager[Coordination]:
         return MemoryCoordination(state=MemoryState(FakeClock()))
 
-    run(trio_portal, fresh, examples=40, steps=40)
+    run(trio_portal, fresh, examples=30, steps=40)
 
 
 @pytest.mark.redis
@@ -166,4 +166,4 @@ def test_fair_queue_model_redis(trio_portal: Portal, redis_server_session: Redis
             redis_server_session.url, key_prefix=f"fq-{uuid.uuid4().hex}", op_timeout_s=10.0
         )
 
-    run(trio_portal, fresh, examples=10, steps=40)
+    run(trio_portal, fresh, examples=8, steps=40)

@@ -548,7 +548,7 @@ def test_lease_model_memory(trio_portal: Portal) -> None:
 def test_lease_model_memory_fair(trio_portal: Portal) -> None:
     world = memory_world()
     world.rules = dataclasses.replace(world.rules, queue_policy="fair", queue_max=5)
-    run_machine(trio_portal, world, examples=15, steps=50)
+    run_machine(trio_portal, world, examples=10, steps=50)
 
 
 @pytest.mark.redis
@@ -565,4 +565,4 @@ def test_lease_model_redis(trio_portal: Portal, redis_server_session: RedisServe
     run_machine(trio_portal, world, examples=40, steps=40)
     # The fair order, the same steps (the Lua of ``queue_position`` and the ring included).
     world.rules = dataclasses.replace(rules, queue_policy="fair", queue_max=5)
-    run_machine(trio_portal, world, examples=8, steps=40)
+    run_machine(trio_portal, world, examples=5, steps=40)
