@@ -135,7 +135,8 @@ class Admissions:
     def note_key(self, key_id: str, name: str, priority: int) -> None:
         """An authenticated request of this API key: its weight in the fair queue is the
         operator file's priority for its name, else the key's own."""
-        self._weights[key_id] = self._settings.capacity.key_priorities.get(name, priority)
+        weight = self._settings.capacity.key_priorities.get(name, priority)
+        self._weights[key_id] = min(max(int(weight), 1), 100)  # a hand-edited row stays usable
 
     def weight_of(self, key_id: str) -> int:
         return self._weights.get(key_id, 1)
