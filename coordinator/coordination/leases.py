@@ -162,8 +162,8 @@ class Admission:
     refusals: dict[str, RefusalReason] = field(default_factory=dict)
     #: granted with others still queued for the model: the instance of the first of them
     next_in_queue: str = ""
-    #: granted or queued: the request id first in the queue after this call ("" when it is
-    #: empty; queued: maybe this very request)
+    #: granted: the request id at the (usable) head after this call; queued: the one first in
+    #: the queue as it stands (maybe this very request); "" for an empty queue
     head: str = ""
 
 

@@ -262,8 +262,8 @@ class Reference:
                 ask.model, Entry(ask.request_id, ask.instance_id, expires, ask.key_id), ask.weight
             )
             ahead = self.position(ask.model, ask.request_id)
-        head = self.head(ask.model)
-        rid = head.request_id if head else ""
+        first = self.first(ask.model)  # as it stands: a queued answer judges no entry
+        rid = first.request_id if first else ""
         return ("queued", "", "", "", ahead, list(refusals.items()), "", rid)
 
     def renew(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:

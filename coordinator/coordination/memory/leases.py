@@ -122,7 +122,7 @@ class LeaseTables:
             entry = QueueEntry(ask.instance_id, now + ask.queue_entry_ttl_s, ask.key_id)
             queue.join(ask.request_id, entry, ask.weight)
             ahead = queue.position(ask.request_id)
-        head = self._queue(ask.model, rules, now).head()
+        head = queue.head()  # as it stands: a queued answer judges no entry
         return Admission(
             "queued", position=ahead, refusals=refusals, head=head[0] if head is not None else ""
         )

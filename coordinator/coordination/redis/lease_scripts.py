@@ -241,8 +241,7 @@ if not queued then
     if ttl ~= -2 and ttl < want then redis.call('PEXPIRE', key, want) end
   end
 end
-local head_rid = queue_head(Q, presence, requester_window)
-return {'queued', '', '', '', ahead, refusals(), '', head_rid or ''}
+return {'queued', '', '', '', ahead, refusals(), '', queue_peek(Q) or ''}
 """,
 )
 

@@ -7,7 +7,8 @@ A queue is five keys (``keys.lease_queue_keys``), a Lua table ``Q`` made by ``qu
 ``q`` request id -> sequence number, ``qi`` request id -> its record, and for ``fair`` ``qk``
 (each entry as ``"key\\tseq\\trid"`` at score 0, so a key's entries are a lex range, oldest
 first), ``qr`` the ring of keys (a list, its front first) and ``qd`` key -> ``"deficit\\tweight"``.
-The functions: ``queue_head`` (the usable head, dropping dead or expired heads),
+The functions: ``queue_head`` (the usable head, dropping dead or expired heads), ``queue_peek``
+(the head as it stands),
 ``queue_leave``, ``queue_granted`` (the head was granted: its key spends one of its turn),
 ``queue_join`` and ``queue_position`` (grants before a request if nothing else arrives).
 """
@@ -73,6 +74,14 @@ local function fair_front(Q)
     redis.call('LPOP', Q.qr)
     redis.call('HDEL', Q.qd, key)
   end
+end
+-- The request id first in the queue as it stands (not judged: nothing is dropped), or nil.
+local function queue_peek(Q)
+  if Q.fair then
+    local _, _, rid = fair_front(Q)
+    return rid
+  end
+  return redis.call('ZRANGE', Q.q, 0, 0)[1]
 end
 -- The queue's head request id and instance after dropping expired or dead heads (entries
 -- further back go when they reach the head), or nil when the queue is empty.
