@@ -9,7 +9,7 @@ the quiet key's come every ``quiet_every_s`` once the flood is queued. The node 
 itself, how many tasks it runs at once.
 
     python -m sim.fairness [--flood 300] [--slots 2] [--quiet 20] [--keys 1] [--weight 1]
-                           [--every 1]
+                           [--every 1] [--burst]
 
 prints one JSON line per policy (the figures of docs/fair-queuing.md).
 """
@@ -83,6 +83,7 @@ def run_fairness(
     flood_keys: int = 1,
     quiet_weight: int = 1,
     seed: int = 0,
+    burst: bool = False,
 ) -> FairnessResult:
     """Run the scenario once: deterministic, ``seed`` picks the order of tasks woken together."""
     result = FairnessResult(policy, slots, latency_s, flood * flood_keys)
@@ -95,6 +96,7 @@ def run_fairness(
         quiet,
         quiet_every_s,
         quiet_weight,
+        burst,
         clock=trio.testing.MockClock(autojump_threshold=0),
     )
     return result
@@ -107,6 +109,7 @@ async def _scenario(
     quiet: int,
     quiet_every_s: float,
     quiet_weight: int,
+    burst: bool,
 ) -> None:
     trace = Trace(trio.current_time, keep_events=False)
 
@@ -180,7 +183,10 @@ async def _scenario(
                     clients.start_soon(one, f"flood-{k}", None)
                     # One at a time, each queued before the next: the order sent is the
                     # order of arrival (a burst sent at once arrives in the scheduler's order).
-                    await trio.sleep(0.001)
+                    if not burst:
+                        await trio.sleep(0.001)
+            if burst:
+                await trio.sleep(0.01)  # every flood request is queued
             for _ in range(quiet):
                 clients.start_soon(one, "quiet", result.quiet_waits)
                 await trio.sleep(quiet_every_s)
@@ -201,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--every", type=float, default=1.0, help="seconds between the quiet key's requests"
     )
+    parser.add_argument(
+        "--burst", action="store_true", help="the flood sent all at once (not one by one)"
+    )
     args = parser.parse_args(argv)
     for policy in ("fair", "fifo"):
         result = run_fairness(
@@ -211,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             quiet_every_s=args.every,
             flood_keys=args.keys,
             quiet_weight=args.weight,
+            burst=args.burst,
         )
         summary = result.to_json()
         summary["quiet_waits"] = [round(w, 3) for w in result.quiet_waits]
