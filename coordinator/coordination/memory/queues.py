@@ -1,6 +1,6 @@
 """A model's admission queue on the memory backend, in the two orders of
-``AdmissionRules.queue_policy`` (``coordination/leases.py`` states both; the Redis scripts in
-``redis/lease_scripts.py`` keep the same order in Lua).
+``AdmissionRules.queue_policy`` (``coordination/leases.py`` states both; the Redis lease
+scripts keep the same order in Lua, ``redis/queue_lua.py``).
 
 Both queues answer the same few questions: which entry is the head (the one a grant may go
 to), how many grants come before an entry, and what happens when an entry joins, is granted,
@@ -10,7 +10,6 @@ for the head, judges it, and removes it with ``leave``, which costs a key no def
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from coordinator.coordination.leases import QueuePolicy
@@ -53,9 +52,6 @@ class FifoQueue:
 
     def leave(self, request_id: str) -> None:
         self._entries.pop(request_id, None)
-
-    def entries(self) -> Iterator[tuple[str, QueueEntry]]:
-        return iter(self._entries.items())
 
 
 @dataclass(slots=True)
@@ -138,10 +134,6 @@ class FairQueue:
         del key.entries[request_id]
         if not key.entries:
             del self._ring[key_id]
-
-    def entries(self) -> Iterator[tuple[str, QueueEntry]]:
-        for key in self._ring.values():
-            yield from key.entries.items()
 
 
 ModelQueue = FifoQueue | FairQueue
