@@ -17,6 +17,9 @@ catalog that placement charges against each node's memory budget.
     max_parallel = 2
     weight = 1.0             # relative share of placement (read, not used yet)
 
+    [keys."batch-jobs"]      # an API key, by the name it was created with
+    priority = 1             # its weight in the fair admission queue, 1-100 (over the key's own)
+
 A model without a catalog entry is placed on the parallel budget alone; a node's parallelism is
 never inferred from its memory. Every instance should read the same file.
 """
@@ -37,7 +40,7 @@ _HOST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 __all__ = ["HOST_KINDS", "Capacity", "HostSpec", "ModelCost", "NodeBudget", "load_capacity"]
 
 #: the tables of the operator file; anything else at its top level is refused
-TABLES = ("models", "nodes", "hosts")
+TABLES = ("models", "nodes", "hosts", "keys")
 #: what a direct host speaks: Ollama's API or the OpenAI-compatible one
 HOST_KINDS = ("ollama", "openai")
 MAX_HOST_WEIGHT = 1000.0
@@ -73,6 +76,8 @@ class Capacity:
     models: dict[str, ModelCost] = field(default_factory=dict)
     nodes: dict[str, NodeBudget] = field(default_factory=dict)
     hosts: dict[str, HostSpec] = field(default_factory=dict)
+    #: API key name -> its priority in the fair admission queue (over the key's own)
+    key_priorities: dict[str, int] = field(default_factory=dict)
 
     def cost(self, model: str) -> ModelCost:
         return self.models.get(model, ModelCost())
@@ -164,7 +169,16 @@ def parse_capacity(text: str, source: str = "the capacity file") -> Capacity:
         host_id: _host(f'{source}: hosts."{host_id}"', host_id, raw)
         for host_id, raw in _table(f"{source}: [hosts]", data.get("hosts", {})).items()
     }
-    return Capacity(models=models, nodes=nodes, hosts=hosts)
+    priorities = {}
+    for name, raw in _table(f"{source}: [keys]", data.get("keys", {})).items():
+        where = f'{source}: keys."{name}"'
+        entry = _table(where, raw)
+        _check_keys(where, entry, {"priority"})
+        priority = entry.get("priority")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 100:
+            raise SettingsError(f"{where}.priority must be a whole number from 1 to 100")
+        priorities[name] = priority
+    return Capacity(models=models, nodes=nodes, hosts=hosts, key_priorities=priorities)
 
 
 def _host(where: str, host_id: str, raw: object) -> HostSpec:

@@ -25,7 +25,7 @@ from coordinator.cli_help import (
     settings_epilog,
     verbose_everywhere,
 )
-from coordinator.cli_keys import add_lifecycle_commands
+from coordinator.cli_keys import add_lifecycle_commands, keys_create
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -55,35 +55,6 @@ def _serve(args: argparse.Namespace) -> int:
         database_url=settings.database_url, redis_password_file=settings.redis_password_file
     )
     return serve(settings, host=args.host, port=port)
-
-
-def _keys_create(args: argparse.Namespace) -> int:
-    import time
-
-    from coordinator.cli_keys import cli_actor, when
-    from coordinator.settings import Settings
-    from coordinator.store import Store, check_key_name, parse_duration
-
-    try:
-        check_key_name(args.name)
-    except ValueError as exc:
-        return _fail(f"--name: {exc}", 2)
-    try:
-        expires_at = None if args.expires is None else time.time() + parse_duration(args.expires)
-    except ValueError as exc:
-        return _fail(f"--expires: {exc}", 2)
-    store = Store.open(Settings.from_env().database_url)
-    try:
-        record, key = store.create_api_key_sync(
-            args.name, admin=args.admin, expires_at=expires_at, actor=cli_actor()
-        )
-    finally:
-        store.close()
-    kind = "operator (admin) API key" if record.admin else "API key"
-    expiry = "" if expires_at is None else f", expiring {when(expires_at)}"
-    print(f"created {kind} {record.key_id} named {record.name!r}{expiry}; shown only once:")
-    print(key)
-    return 0
 
 
 def _nodes_enroll(args: argparse.Namespace) -> int:
@@ -310,9 +281,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="refuse the key after this long: 30d, 12h, 90m, 2w, 1d12h (default: never)",
     )
+    create.add_argument(
+        "--priority",
+        type=int,
+        default=1,
+        metavar="N",
+        help="its weight in the fair admission queue, 1-100: requests it is granted per turn "
+        "while keys take turns (default 1; docs/fair-queuing.md)",
+    )
     if wanted("keys"):
         settings_epilog(create, ("database_url",))
-    create.set_defaults(handler=_keys_create)
+    create.set_defaults(handler=lambda args: keys_create(args, _fail))
 
     nodes = sub.add_parser("nodes", help="node identities").add_subparsers(
         dest="nodes_command", required=True, metavar="ACTION"

@@ -127,6 +127,41 @@ def keys_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def keys_create(args: argparse.Namespace, fail: Fail) -> int:
+    from coordinator.settings import Settings
+    from coordinator.store import Store, check_key_name, parse_duration
+    from coordinator.store.records import check_priority
+
+    for flag, check, value in [
+        ("--name", check_key_name, args.name),
+        ("--priority", check_priority, args.priority),
+    ]:
+        try:
+            check(value)
+        except ValueError as exc:
+            return fail(f"{flag}: {exc}", 2)
+    try:
+        expires_at = None if args.expires is None else time.time() + parse_duration(args.expires)
+    except ValueError as exc:
+        return fail(f"--expires: {exc}", 2)
+    store = Store.open(Settings.from_env().database_url)
+    try:
+        record, key = store.create_api_key_sync(
+            args.name,
+            admin=args.admin,
+            priority=args.priority,
+            expires_at=expires_at,
+            actor=cli_actor(),
+        )
+    finally:
+        store.close()
+    kind = "operator (admin) API key" if record.admin else "API key"
+    expiry = "" if expires_at is None else f", expiring {when(expires_at)}"
+    print(f"created {kind} {record.key_id} named {record.name!r}{expiry}; shown only once:")
+    print(key)
+    return 0
+
+
 def keys_revoke(args: argparse.Namespace, fail: Fail) -> int:
     from coordinator.store import UnknownKey
 

@@ -30,6 +30,7 @@ _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 # A heartbeat slower than this would leave a dead node's tasks hanging for minutes.
 MAX_HEARTBEAT_S = 60.0
 BUSES = ("pubsub", "streams")
+QUEUE_POLICIES = ("fair", "fifo")
 #: Variables no longer read, with why: a deployment that still sets one starts as before and is
 #: told once, at start, that it has no effect (``Settings.from_env``), rather than refused.
 RETIRED_VARIABLES = {
@@ -224,6 +225,8 @@ VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
     ),
     "queue_max": ("GEMMANET_QUEUE_MAX", lambda n, v: _whole(n, v, minimum=0)),
     "max_active_per_key": ("GEMMANET_MAX_ACTIVE_PER_KEY", lambda n, v: _whole(n, v, minimum=1)),
+    # The order of a model's admission queue (docs/fair-queuing.md).
+    "queue_policy": ("GEMMANET_QUEUE_POLICY", lambda n, v: _choice(n, v, QUEUE_POLICIES)),
     "residency_stale_s": (
         "GEMMANET_RESIDENCY_STALE_S",
         lambda n, v: _number(n, v, minimum=1.0, maximum=3600.0),
@@ -368,6 +371,9 @@ class Settings:
     queue_timeout_s: float = 30.0
     queue_max: int = 1000
     max_active_per_key: int = 0
+    # fair: API keys take turns by their priority; fifo: first come, first served (every
+    # instance sharing a store must use the same).
+    queue_policy: str = "fair"
     residency_stale_s: float = 15.0
     lease_ttl_s: float = 30.0
     # None: /metrics is a route of the API port; a port: served there only, on metrics_host.

@@ -80,12 +80,19 @@ MEANINGS: dict[str, str] = {
     "capacity": "TOML operator file: per-node budgets, the model catalog, direct model hosts "
     "and telemetry agents ([capacity](capacity.md#the-operator-file), *Operator file* below). "
     "An unreadable or malformed file is refused at start with one line, and so is a table "
-    "other than `[models]`, `[nodes]` and `[hosts]` (or any other top-level key), by name",
+    "other than `[models]`, `[nodes]`, `[hosts]` and `[keys]` (or any other top-level key), by "
+    "name",
     "queue_timeout_s": "how long a request may wait in the shared admission queue for a free "
     "node before `503 all_nodes_busy` with `Retry-After`; also the most it waits for a slow "
     "Redis: shorter than the store outage bound (2.9 s) is warned about at start",
     "queue_max": "waiting requests per model beyond which a request is refused at once "
     "(`503 all_nodes_busy`)",
+    "queue_policy": "the order of a model's shared admission queue. `fair`: API keys take turns "
+    "(weighted round robin by deficit counters, a key's weight its priority: `gemmanet keys "
+    "create --priority N` or `[keys.\"name\"] priority` in the operator file), each key's own "
+    "requests first come first served; `fifo`: first come, first served across all keys. Every "
+    "instance sharing a Redis must use the same; anything else is refused with one line, exit "
+    "2. See [fair queuing](fair-queuing.md)",
     "max_active_per_key": "running + queued requests per API key across all instances; past it "
     "`429 too_many_active` with `Retry-After`",
     "residency_stale_s": "a node's facts (its budgets, resident models) are trusted while its "
@@ -154,6 +161,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "capacity",
             "queue_timeout_s",
             "queue_max",
+            "queue_policy",
             "max_active_per_key",
             "residency_stale_s",
             "lease_ttl_s",

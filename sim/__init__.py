@@ -5,6 +5,8 @@ process on virtual time (trio's MockClock), every choice drawn from one seed.
     traffic.py     the simulated clients: requests to live instances, and what each one got
     faults.py      the fault plan drawn from the seed, and the wrappers that inject faults
     invariants.py  properties checked as the run goes (add one: a class and a list entry)
+    invariant_base.py  what an invariant is (``Invariant``, ``Violation``)
+    queue_invariants.py  the admission queue's: order per key (or model), no key starved
     trace.py       the event trace, its digest, trace files for replay
     actors.py      simulated nodes and the in-memory sockets they speak over
     stand_ins.py   the durable store stand-in (no threads, so no wall-clock nondeterminism)
@@ -13,6 +15,7 @@ process on virtual time (trio's MockClock), every choice drawn from one seed.
     mutations.py   deliberately broken variants, to show the simulator catches real bugs
     cli.py         gemmanet sim run / replay / sweep
     bench.py       simulator speed (python -m sim.bench)
+    fairness.py    the fair admission scenario, fair against fifo (python -m sim.fairness)
     trio_hook.py   the seed pins trio's scheduler (private API: the trio release is checked)
 
 The instances are the production ``Instance`` class (the cluster machine and its trio

@@ -106,6 +106,13 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
         f"(default {defaults.bus})",
     )
     parser.add_argument(
+        "--queue-policy",
+        choices=("fair", "fifo"),
+        default=defaults.queue_policy,
+        help="GEMMANET_QUEUE_POLICY of the instances: keys take turns (fair) or first come "
+        f"first served (fifo) (default {defaults.queue_policy})",
+    )
+    parser.add_argument(
         "--mutation",
         choices=sorted(MUTATIONS),
         help="run a deliberately broken variant (to show the simulator catches it; default: none)",
@@ -132,6 +139,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         bus=args.bus,
         monitors=args.monitors,
         heartbeat_rate=args.heartbeat_rate,
+        queue_policy=args.queue_policy,
     )
 
 
@@ -143,6 +151,8 @@ def _trace_path(trace_dir: Path, seed: int, config: SimConfig) -> Path:
         suffix += f"-monitors{config.monitors}"
     if config.heartbeat_rate != SimConfig().heartbeat_rate:
         suffix += f"-rate{config.heartbeat_rate:g}"
+    if config.queue_policy != SimConfig().queue_policy:
+        suffix += f"-{config.queue_policy}"
     return trace_dir / f"seed-{seed}{suffix}.jsonl"
 
 
@@ -259,6 +269,7 @@ def _sweep(args: argparse.Namespace) -> int:
     print(
         f"swept {len(seeds)} seeds ({seeds.start}-{seeds.stop - 1}"
         f", bus {config.bus}"
+        f"{', queue ' + config.queue_policy if config.queue_policy != 'fair' else ''}"
         f"{', mutation ' + config.mutation if config.mutation else ''}): "
         f"{len(failing)} failing; {virtual:.0f} virtual s in {wall:.1f} wall s of work"
     )

@@ -7,30 +7,17 @@ replay stops at the same event."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, NoReturn
+from typing import Any
 
+from sim.invariant_base import Invariant, Violation
+from sim.queue_invariants import NoKeyStarved, QueueOrderKept
 from sim.trace import Event
+
+__all__ = ["ALL_INVARIANTS", "Invariant", "Violation", "as_dict", "fresh_invariants"]
 
 DEAD_OWNER_BOUND_S = 3.0
 # A replace travels over the bus; give it this long before two live connections are a bug.
 REPLACE_SETTLE_S = 3.0
-
-
-class Violation(Exception):
-    def __init__(self, invariant: str, message: str, t: float) -> None:
-        super().__init__(f"[{invariant}] at t={t:.6f}: {message}")
-        self.invariant, self.message, self.t = invariant, message, t
-
-
-class Invariant:
-    name = "invariant"
-
-    def observe(self, event: Event) -> None: ...
-
-    def at_end(self, t: float) -> None: ...
-
-    def fail(self, message: str, t: float) -> NoReturn:
-        raise Violation(self.name, message, t)
 
 
 class EveryRequestEndsOnce(Invariant):
@@ -207,52 +194,6 @@ class NoNodeOverBudget(Invariant):
                 )
 
 
-class QueueOrderKept(Invariant):
-    """First come, first served per model: a request is never granted a lease while one
-    queued before it for the same model still waits — unless that one's instance was frozen
-    or crashed meanwhile (its entry is dropped when its instance stops beating)."""
-
-    name = "queue-order"
-
-    def __init__(self) -> None:
-        self.waiting: dict[str, dict[str, str]] = {}  # model -> task -> instance, in order
-        self.exempt: set[str] = set()
-        self.down: dict[str, float] = {}  # instance -> down until (inf: crashed)
-
-    def observe(self, event: Event) -> None:
-        kind, t = event["kind"], event["t"]
-        if kind == "fault" and event["fault"] in ("freeze", "crash_restart"):
-            until = t + event["duration"] if event["fault"] == "freeze" else float("inf")
-            self.down[event["target"]] = until
-            for queue in self.waiting.values():
-                self.exempt.update(q for q, i in queue.items() if i == event["target"])
-        elif kind == "fault" and event["fault"] == "store_outage":
-            # Releases fail while the store is down: entries linger to their expiry.
-            for queue in self.waiting.values():
-                self.exempt.update(queue)
-        elif kind == "lease.queued":
-            queue = self.waiting.setdefault(event["model"], {})
-            if event["task"] not in queue:
-                queue[event["task"]] = event["instance"]
-                if self.down.get(event["instance"], 0.0) > t:
-                    self.exempt.add(event["task"])
-        elif kind == "lease.left":
-            for queue in self.waiting.values():
-                queue.pop(event["task"], None)
-        elif kind == "lease.granted":
-            queue = self.waiting.setdefault(event["model"], {})
-            for task in queue:
-                if task == event["task"]:
-                    break
-                if task not in self.exempt:
-                    self.fail(
-                        f"{event['task']} got a lease for {event['model']} while {task}, "
-                        "queued before it, still waits",
-                        t,
-                    )
-            queue.pop(event["task"], None)
-
-
 class OneMonitorPerEpoch(Invariant):
     """Fencing, judged on the store's side: epochs are handed out in increasing order; a fact
     write is accepted only under the epoch current at that moment; so at most one monitor's
@@ -378,6 +319,7 @@ ALL_INVARIANTS: list[type[Invariant]] = [
     SharedRateLimitHolds,
     NoNodeOverBudget,
     QueueOrderKept,
+    NoKeyStarved,
     OneMonitorPerEpoch,
     NoStaleFacts,
     TasksInTheNodesVersion,

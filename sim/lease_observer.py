@@ -1,5 +1,5 @@
 """Trace events about capacity leases and the admission queue, for the invariants
-``no-node-over-budget`` and ``queue-order``: what the shared store granted (with the node's
+``no-node-over-budget``, ``queue-order`` and ``fair-share``: what the shared store granted (with the node's
 leases and memory in use right after, read from the store itself), who was queued, who left."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class LeaseObserver:
                 "lease.granted",
                 task=ask.request_id,
                 model=ask.model,
+                key=ask.key_id,
                 node=node_id,
                 instance=self.instance,
                 held=usage.leases,
@@ -33,7 +34,12 @@ class LeaseObserver:
             )
         elif admission.outcome == "queued":
             self.trace.emit(
-                "lease.queued", task=ask.request_id, model=ask.model, instance=self.instance
+                "lease.queued",
+                task=ask.request_id,
+                model=ask.model,
+                instance=self.instance,
+                key=ask.key_id,
+                weight=ask.weight,
             )
         elif admission.outcome == "refused":  # it lost its place in the queue
             self.trace.emit("lease.left", task=ask.request_id)

@@ -13,6 +13,7 @@ from unittest import mock
 
 from coordinator.coordination.memory.leases import LeaseTables
 from coordinator.coordination.memory.monitor import MonitorTables
+from coordinator.coordination.memory.queues import FairQueue, FifoQueue
 from coordinator.core import direct_hosts, owner, task_content
 from coordinator.core.forwarding import ForwardingTable
 from coordinator.core.tracker import TaskTracker, Verdict
@@ -75,23 +76,42 @@ def _lease_check_off() -> Iterator[None]:
 
 @contextmanager
 def _queue_order_off() -> Iterator[None]:
-    """Admission lets each asking request jump to the head of its model's queue."""
+    """Admission lets each asking request jump to the head of its model's queue (under the
+    fair order: to the front of its key's requests; its key keeps its place in the ring)."""
 
     def queue_jumping(self: LeaseTables, ask, rules, now):  # type: ignore[no-untyped-def]
-        queue = self._queues.setdefault(ask.model, {})
-        mine = queue.pop(ask.request_id, None)
-        others = dict(queue)
-        queue.clear()
-        if mine is not None:
-            queue[ask.request_id] = mine
-        try:
-            return original(self, ask, rules, now)
-        finally:
-            for request_id, entry in others.items():
-                queue.setdefault(request_id, entry)
+        queue = self._queues.get(ask.model)
+        if isinstance(queue, FifoQueue) and ask.request_id in queue:
+            entries = queue._entries
+            entries[ask.request_id] = entries.pop(ask.request_id)
+            for request_id in [r for r in entries if r != ask.request_id]:
+                entries[request_id] = entries.pop(request_id)
+        elif isinstance(queue, FairQueue) and ask.request_id in queue:
+            key_id = queue._key_of[ask.request_id]
+            key = queue._ring[key_id]
+            for request_id in [r for r in key.entries if r != ask.request_id]:
+                key.entries[request_id] = key.entries.pop(request_id)
+        return original(self, ask, rules, now)
 
     original = LeaseTables.admit
     with mock.patch.object(LeaseTables, "admit", queue_jumping):
+        yield
+
+
+@contextmanager
+def _fair_turns_off() -> Iterator[None]:
+    """The fair queue forgets to end a key's turn: the key at the ring's front keeps it while
+    it has requests waiting (its deficit is never spent)."""
+
+    def endless_turn(self: FairQueue, request_id: str) -> None:
+        head = self.head()
+        if head is not None and head[0] == request_id:
+            key = self._ring[self._key_of[request_id]]
+            key.deficit += 1  # spent below, so never reaches 0
+        original(self, request_id)
+
+    original = FairQueue.granted
+    with mock.patch.object(FairQueue, "granted", endless_turn):
         yield
 
 
@@ -137,6 +157,7 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "connection-check-off": _connection_check_off,
     "lease-check-off": _lease_check_off,
     "queue-order-off": _queue_order_off,
+    "fair-turns-off": _fair_turns_off,
     "monitor-fence-off": _monitor_fence_off,
     "fact-age-check-off": _fact_age_check_off,
     "v1-fallback-off": _v1_fallback_off,

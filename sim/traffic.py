@@ -18,6 +18,11 @@ from sim.trace import Trace
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta")
 
 
+def key_weight(key: str) -> int:
+    """The priority of a simulated client's key ``key-N``: 1, 2 or 3 (N modulo 3, plus 1)."""
+    return 1 + int(key.rsplit("-", 1)[1]) % 3
+
+
 class Target(Protocol):
     """What a client needs of a simulated instance (``world.SimInstance``)."""
 
@@ -119,6 +124,8 @@ class Clients:
                     client_scope.deadline = trio.current_time() + walk_away
                 try:
                     await instance.requests.check_rate_limit(key)
+                    # Its priority, as an authenticated request brings it: 1-3 by client.
+                    instance.admissions.note_key(key, key, key_weight(key))
                     limit, period = instance.settings.rate_limit
                     self.trace.emit("ratelimit.allowed", key=key, limit=limit, period=period)
                     content: dict[str, Any] = (

@@ -62,6 +62,8 @@ class SimConfig:
     queue_timeout_s: float = 5.0
     #: elected residency monitor candidates (0: none, and the run is what it was before them)
     monitors: int = 0
+    #: GEMMANET_QUEUE_POLICY of the instances: "fair" (keys take turns) or "fifo"
+    queue_policy: str = "fair"
 
 
 @dataclass
@@ -170,7 +172,12 @@ class World:
                 traffic_s=self.config.traffic_s,
             )
             self.plan.faults.sort(key=lambda f: (f.at, f.kind, f.target))
-        self.trace.emit("run.start", seed=self.seed, plan=self.plan.describe())
+        self.trace.emit(
+            "run.start",
+            seed=self.seed,
+            plan=self.plan.describe(),
+            queue_policy=self.config.queue_policy,
+        )
         try:
             async with trio.open_nursery() as root:
                 self.root = root
@@ -234,6 +241,7 @@ class World:
             heartbeat_rate=cfg.heartbeat_rate,
             capacity=SIM_CATALOG,
             queue_timeout_s=cfg.queue_timeout_s,
+            queue_policy=cfg.queue_policy,
         )
         gate = Gate()
         coordination = FaultyCoordination(

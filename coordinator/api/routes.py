@@ -120,6 +120,7 @@ async def task_request(struct: type[S]) -> tuple[Instance, ApiKey, S]:
     api_key = await authenticate()
     inst = instance()
     await inst.requests.check_rate_limit(api_key.key_id)
+    inst.admissions.note_key(api_key.key_id, api_key.name, api_key.priority)
     return inst, api_key, decode_body(data, struct)
 
 

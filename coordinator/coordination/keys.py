@@ -21,8 +21,9 @@ The instance registry (``core/registry.py`` is what the values hold):
 
 Capacity leases and queues (Redis; ``redis/lease_scripts.py`` says what each holds):
 ``lease:facts``, ``lease:n:{node}``, ``lease:i:{node}``, ``lease:q:{model}``,
-``lease:qi:{model}``, ``lease:a:{key id}``. Prefix affinity: ``affinity:b:{model}``,
-``affinity:t:{model}`` (``redis/affinity.py``). Host telemetry: ``telemetry:{node}``. The monitor
+``lease:qi:{model}``, ``lease:qk:{model}``, ``lease:qr:{model}``, ``lease:qd:{model}``,
+``lease:a:{key id}``. Prefix affinity: ``affinity:b:{model}``, ``affinity:t:{model}``
+(``redis/affinity.py``). Host telemetry: ``telemetry:{node}``. The monitor
 (``monitor_types.py``): ``monitor:lease``, ``monitor:epoch``, ``monitor:fenced_rejects``,
 ``monitor:facts``, ``monitor:facts_at``, ``monitor:accepted:{epoch}``.
 
@@ -105,8 +106,9 @@ def lease_node_keys(node_id: str) -> list[str]:
 
 
 def lease_queue_keys(model: str) -> list[str]:
-    """A model's admission queue (by arrival) and its entries' records."""
-    return [f"lease:q:{model}", f"lease:qi:{model}"]
+    """A model's admission queue (by arrival), its entries' records, and the fair order's
+    per-key order, ring of keys and deficits (``redis/lease_scripts.py``)."""
+    return [f"lease:{part}:{model}" for part in ("q", "qi", "qk", "qr", "qd")]
 
 
 def lease_active_key(key_id: str) -> str:

@@ -7,9 +7,9 @@ interface, and the semantics every backend honours (``memory/leases.py`` is the 
   removes them when that connection ends. Facts are *fresh* while their owner instance beats
   in the presence registry (``AdmissionRules.presence_registry``) within ``facts_stale_s``.
 * **``admit``** is one atomic step, one round trip: it enters the request in its API key's
-  active set (running or queued, at most ``max_active_per_key``), keeps the model's queue
-  first come first served (a request with anybody queued ahead of it waits), then tries the
-  candidate nodes in the caller's order and reserves the first that has room: its facts are
+  active set (running or queued, at most ``max_active_per_key``), keeps the model's queue in
+  its order (a request that is not the queue's head waits; *The queue's order* below), then
+  tries the candidate nodes in the caller's order and reserves the first that has room: its facts are
   those of the candidate's connection and fresh, fewer leases than ``max_parallel``, and the
   memory budget holds the resident models, the models and KV budgets of its active leases and
   what this request adds. A reservation is a lease with a TTL (server time); the grant takes
@@ -30,6 +30,19 @@ interface, and the semantics every backend honours (``memory/leases.py`` is the 
   its lease (if any), its queue entry and its active-set entry, and returns, for each model
   in ``wake_models`` with a queue, the instance whose request is first in it now (the caller
   tells that instance to try again).
+
+**The queue's order** (``AdmissionRules.queue_policy``). ``fifo``: the head is the oldest
+entry. ``fair``: weighted round robin by deficit counters over the API keys with entries
+(each key's own entries oldest first). The keys with entries form a ring in the order they
+joined it; the key at its front has a deficit, the grants left in its turn. A key joins at the
+back with its deficit set to its weight (``LeaseAsk.weight`` of the ask that queued its
+newest entry; every grant costs 1). The head is the oldest entry of the front key. Granting
+the head takes 1 off the deficit; at 0 the key goes to the back of the ring with its deficit
+set to its weight again; a key whose last entry leaves (granted, released or dropped) leaves
+the ring, and its deficit with it. An entry dropped at the head costs nothing. A request
+granted at once (nobody queued) changes nothing. ``position`` is the number of grants the
+queue makes before this request if nothing else arrives (under ``fifo``: entries ahead), and
+``head`` the request id at the head after the call (a waiter that is not the head can wake it).
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ __all__ = [
     "LeaseUsage",
     "NodeFacts",
     "Outcome",
+    "QueuePolicy",
     "RefusalReason",
 ]
 
@@ -54,6 +68,9 @@ __all__ = [
 #: request's memory does not fit in its budget ("memory").
 RefusalReason = Literal["gone", "stale", "full", "memory"]
 Outcome = Literal["granted", "queued", "queue_full", "key_limit", "refused"]
+#: the order of a model's queue: ``fifo`` (first come, first served) or ``fair`` (API keys in
+#: weighted round robin by deficit counters, each key's own requests first come first served)
+QueuePolicy = Literal["fifo", "fair"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +102,8 @@ class AdmissionRules:
     queue_max: int
     #: 0: unlimited
     max_active_per_key: int = 0
+    #: how a model's queue is ordered (every instance must use the same)
+    queue_policy: QueuePolicy = "fifo"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +127,14 @@ class LeaseAsk:
     #: an earlier ask of this very ``lease_id`` got no answer (it timed out): a lease it may
     #: have been granted is looked for on the candidates first (see the module docstring)
     again: bool = False
+    #: the key's weight in the ``fair`` queue (its priority, 1-100): grants per turn
+    weight: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.weight, int) or self.weight < 1:
+            raise ValueError(f"a queue weight is a whole number of at least 1: {self.weight!r}")
+        if "\t" in self.key_id:
+            raise ValueError(f"a key id holds no tab: {self.key_id!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +162,9 @@ class Admission:
     refusals: dict[str, RefusalReason] = field(default_factory=dict)
     #: granted with others still queued for the model: the instance of the first of them
     next_in_queue: str = ""
+    #: granted: the request id at the (usable) head after this call; queued: the one first in
+    #: the queue as it stands (maybe this very request); "" for an empty queue
+    head: str = ""
 
 
 @dataclass(frozen=True, slots=True)

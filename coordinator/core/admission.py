@@ -12,6 +12,13 @@ other waiters for the same model (only the first of them polls, a wake goes to t
 not first passes a wake on, the first leaving wakes the next), so one object keeps that order
 and each request's own state together, and no decision has to be made in the shell.
 
+Under the fair queue (``fair``; ``coordination/leases.py``, *The queue's order*) the store's
+head is the oldest request of the key whose turn it is, seldom this instance's first waiter:
+a waiter told it is not the head wakes the local waiter the store names as head
+(``Admission.head``) instead of passing the wake down the line (which would walk the whole
+local queue, one ask each, to reach it), and the head polls too. A wake still goes to the first
+waiter; its answer names the head, so a grant costs about two asks whatever the keys.
+
 Events: ``start`` (the request's candidates), ``answer`` (the store's ``Admission``),
 ``timed_out`` (the store did not answer in time: slow, maybe not down), ``unreachable`` (it
 refused the connection or closed it: down), ``wake``/``wake_local`` (a wake for a model came),
@@ -39,12 +46,50 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
+from coordinator.core.admission_decisions import (
+    AskStore,
+    Decision,
+    Failed,
+    Granted,
+    Left,
+    MayHold,
+    Queued,
+    Step,
+    Ticket,
+    WaitUntil,
+    WaitWhy,
+    WakeLocal,
+    WakePeer,
+    step_of,
+)
+from coordinator.core.admission_errors import facts_missing, refusal, timed_out
 from coordinator.core.placement import NodeView
 from coordinator.core.requests.attempts import no_node_serves
 from coordinator.core.retries import store_retry_in
-from coordinator.errors import AllNodesBusy, CoordinationDown, GemmaNetError, TooManyActive
+from coordinator.errors import CoordinationDown, GemmaNetError
+
+__all__ = [
+    "GONE_GIVE_UP_S",
+    "GONE_RETRY_S",
+    "POLL_S",
+    "AdmissionMachine",
+    "AskStore",
+    "Decision",
+    "Failed",
+    "Granted",
+    "Left",
+    "MayHold",
+    "Queued",
+    "Step",
+    "StoreAnswer",
+    "Ticket",
+    "WaitUntil",
+    "WakeLocal",
+    "WakePeer",
+    "step_of",
+]
 
 #: the first waiter of a model on this instance re-checks this often (a wake may be lost)
 POLL_S = 1.0
@@ -52,10 +97,6 @@ POLL_S = 1.0
 #: their owners are writing again) looks again after this long, for at most GONE_GIVE_UP_S
 GONE_RETRY_S = 0.25
 GONE_GIVE_UP_S = 3.0
-
-#: one ``Reserve``: (task id, attempt)
-Ticket = tuple[str, int]
-WaitWhy = Literal["poll", "queue_deadline", "gone_retry", "store_retry"]
 
 
 class StoreAnswer(Protocol):
@@ -76,107 +117,8 @@ class StoreAnswer(Protocol):
     def refusals(self) -> Mapping[str, str]: ...
     @property
     def next_in_queue(self) -> str: ...
-
-
-# -- decisions --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AskStore:
-    """Ask the store for a lease for ``model`` on one of ``candidates`` (best first); then
-    ``answer``, ``timed_out`` or ``unreachable``. ``again``: an earlier ask of this attempt got
-    no answer (it may hold a lease that this ask must find: ``LeaseAsk.again``)."""
-
-    ticket: Ticket
-    model: str
-    candidates: tuple[NodeView, ...]
-    again: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class WaitUntil:
-    """Wait until ``at``, then ``waited``. ``why``: the next poll of the first local waiter,
-    the queue deadline (only a wake comes sooner), the next look after every candidate went
-    away or the backoff after a timeout (neither cut short by a wake)."""
-
-    ticket: Ticket
-    at: float
-    why: WaitWhy
-
     @property
-    def wakeable(self) -> bool:
-        return self.why not in ("gone_retry", "store_retry")
-
-
-@dataclass(frozen=True, slots=True)
-class Granted:
-    """The lease on ``view``'s node is the request's (``InstanceMachine.reserved``)."""
-
-    ticket: Ticket
-    view: NodeView
-    lease_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """No lease (``InstanceMachine.reserve_failed``); ``reason`` labels the denial metric."""
-
-    ticket: Ticket
-    error: GemmaNetError
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """The store queued the request (``position`` requests ahead): it holds a queue entry now
-    (``Requester.waiting``) and was denied for want of room."""
-
-    ticket: Ticket
-    position: int
-
-
-@dataclass(frozen=True, slots=True)
-class MayHold:
-    """An ask of the ticket got no answer: the store may hold a queue entry (or an active-set
-    entry) for the request, which it must give back when it ends (``Requester.waiting``)."""
-
-    ticket: Ticket
-
-
-@dataclass(frozen=True, slots=True)
-class WakeLocal:
-    """Cut short the wait of this instance's ``ticket`` (or, if it is not waiting, the next
-    one it starts)."""
-
-    ticket: Ticket
-
-
-@dataclass(frozen=True, slots=True)
-class WakePeer:
-    """Tell ``instance_id`` that its first waiter for ``model`` may try again (``BusWake``)."""
-
-    instance_id: str
-    model: str
-
-
-@dataclass(frozen=True, slots=True)
-class Left:
-    """The ticket left the local queue; ``queued_for``: how long it had waited in the shared
-    queue (None: never queued)."""
-
-    ticket: Ticket
-    queued_for: float | None
-
-
-Step = AskStore | WaitUntil | Granted | Failed
-Decision = Step | Queued | MayHold | WakeLocal | WakePeer | Left
-
-
-def step_of(decisions: Sequence[Decision]) -> Step | None:
-    """The ticket's next step among ``decisions`` (None: the attempt is over)."""
-    steps = [d for d in decisions if isinstance(d, AskStore | WaitUntil | Granted | Failed)]
-    assert len(steps) <= 1, steps
-    return steps[0] if steps else None
+    def head(self) -> str: ...
 
 
 # -- the machine ------------------------------------------------------------------------------
@@ -216,8 +158,11 @@ class AdmissionMachine:
         queue_max: int,
         max_active_per_key: int,
         store_outage_s: float,
+        fair: bool = False,
     ) -> None:
         self.me = me
+        # The fair queue: a wake is passed to the head the store names, not down the line.
+        self._fair = fair
         self._queue_timeout_s = queue_timeout_s
         self._store_outage_s = store_outage_s
         self._queue_max = queue_max
@@ -252,7 +197,9 @@ class AdmissionMachine:
         waiter.silent_since, waiter.timeouts = None, 0
         decisions: list[Decision] = []
         if outcome == "granted":
-            if admission.next_in_queue:
+            if admission.next_in_queue == self.me and self._fair:
+                decisions += self._wake_head(model, admission.head)
+            elif admission.next_in_queue:
                 decisions += self.wake(model, admission.next_in_queue)
             view = next(
                 v
@@ -264,22 +211,32 @@ class AdmissionMachine:
         if outcome == "queued":
             waiter.queued_at = now if waiter.queued_at is None else waiter.queued_at
             decisions.append(Queued(ticket, admission.position))
-            if waiter.asked_after_wake and admission.position > 0:
+            if self._fair and admission.position > 0:
+                decisions += self._wake_head(model, admission.head)
+            elif waiter.asked_after_wake and admission.position > 0:
                 decisions += self._pass_wake(waiter)
         elif outcome != "refused" or "stale" in admission.refusals.values():
             reason = outcome if outcome != "refused" else "stale_facts"
-            return decisions + self._fail(waiter, self._refusal(model, admission), reason, now)
+            error = refusal(
+                model,
+                outcome,
+                admission.refusals,
+                queue_max=self._queue_max,
+                max_active_per_key=self._max_active_per_key,
+            )
+            return decisions + self._fail(waiter, error, reason, now)
         if now >= waiter.queue_until:
-            return decisions + self._fail(waiter, self._timed_out(model), "queue_timeout", now)
+            error = timed_out(model, self._queue_timeout_s)
+            return decisions + self._fail(waiter, error, "queue_timeout", now)
         if outcome == "refused":  # every candidate went away: look again
             if waiter.gone_until is None:
                 waiter.gone_until = now + GONE_GIVE_UP_S
             if now >= waiter.gone_until:
-                return decisions + self._fail(
-                    waiter, self._facts_missing(model), "facts_missing", now
-                )
+                error = facts_missing(model)
+                return decisions + self._fail(waiter, error, "facts_missing", now)
             return [*decisions, self._wait(waiter, now + GONE_RETRY_S, "gone_retry")]
-        if self._by_model[model][0] is waiter and now + POLL_S < waiter.queue_until:
+        first = self._by_model[model][0] is waiter or (self._fair and admission.position == 0)
+        if first and now + POLL_S < waiter.queue_until:
             return [*decisions, self._wait(waiter, now + POLL_S, "poll")]
         return [*decisions, self._wait(waiter, waiter.queue_until, "queue_deadline")]
 
@@ -415,36 +372,8 @@ class AdmissionMachine:
             decisions += self._woken(waiters[0])  # the next local waiter may be first now
         return decisions
 
-    def _refusal(self, model: str, admission: StoreAnswer) -> GemmaNetError:
-        if admission.outcome == "key_limit":
-            limit = self._max_active_per_key
-            return TooManyActive(
-                f"this API key already has {limit} request(s) running or queued "
-                "(GEMMANET_MAX_ACTIVE_PER_KEY)",
-                retry_after_s=1,
-            )
-        if admission.outcome == "queue_full":
-            return AllNodesBusy(
-                f"{self._queue_max} request(s) already wait for model {model!r} "
-                "(GEMMANET_QUEUE_MAX)",
-                retry_after_s=5,
-            )
-        stale = sorted(n for n, reason in admission.refusals.items() if reason == "stale")
-        return CoordinationDown(
-            f"the facts of node(s) {', '.join(stale)} are stale (their instance stopped "
-            "updating them); nothing is placed on a guess",
-        )
-
-    def _facts_missing(self, model: str) -> CoordinationDown:
-        return CoordinationDown(
-            f"the shared store has no current facts for the nodes serving model {model!r} "
-            "(it may have restarted; their instances are writing them again)"
-        )
-
-    def _timed_out(self, model: str) -> AllNodesBusy:
-        waited = self._queue_timeout_s
-        return AllNodesBusy(
-            f"no node serving model {model!r} had room within {waited:g} s "
-            "(GEMMANET_QUEUE_TIMEOUT_S)",
-            retry_after_s=max(1, round(waited / 10)),
-        )
+    def _wake_head(self, model: str, head: str) -> list[Decision]:
+        """Fair order: wake the local waiter that is the store's ``head``, if it waits here."""
+        waiters = self._by_model.get(model, [])
+        found = next((w for w in waiters if w.ticket[0] == head), None)
+        return self._woken(found) if found is not None else []

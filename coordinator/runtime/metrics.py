@@ -38,6 +38,10 @@ gemmanet_node_closes_total                  counter    code: the close code sent
 gemmanet_node_replaced_total                counter    node_id: 4000 closes per node (flapping)
 gemmanet_admission_queue_wait_seconds       histogram  time a request waited in the queue (only
                                                        requests that had to wait)
+gemmanet_admission_queue_wait_by_priority_seconds
+                                            histogram  priority: the API key's priority class
+                                                       (``priority_class``: "1", "2-4", "5-9",
+                                                       "10-24", "25-100"); the same waits
 gemmanet_lease_grants_total                 counter    capacity leases granted
 gemmanet_lease_denials_total                counter    reason: no_room (one per ask answered
                                                        "queued"), queue_timeout, queue_full,
@@ -102,6 +106,15 @@ from protocol import Usage
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds: tasks run from milliseconds (echo) to minutes (long generations).
+#: the upper ends of the priority classes of the queue wait by priority (bounded labels)
+PRIORITY_CLASSES = ((1, "1"), (4, "2-4"), (9, "5-9"), (24, "10-24"), (100, "25-100"))
+
+
+def priority_class(priority: int) -> str:
+    """The label of a key priority (1-100) in the queue wait by priority."""
+    return next((label for top, label in PRIORITY_CLASSES if priority <= top), "25-100")
+
+
 TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 AFFINITY_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 REDIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -211,6 +224,13 @@ class Metrics:
         self.queue_wait = Histogram(
             "gemmanet_admission_queue_wait_seconds",
             "time waited in the admission queue",
+            buckets=TASK_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait_by_priority = Histogram(
+            "gemmanet_admission_queue_wait_by_priority_seconds",
+            "time waited in the admission queue, by the API key's priority class",
+            ["priority"],
             buckets=TASK_BUCKETS,
             registry=r,
         )

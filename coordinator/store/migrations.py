@@ -30,6 +30,8 @@ ADDED_COLUMNS: tuple[tuple[sa.Table, str], ...] = (
     (node_tokens, "revoked_at"),
     (node_tokens, "last_seen_at"),
     (node_tokens, "online_instance_id"),
+    # the fair admission queue
+    (api_keys, "priority"),
 )
 
 

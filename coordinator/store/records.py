@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TASK_STATUSES = frozenset({"ok", "error"})
+#: an API key's priority: its weight in the fair admission queue (grants per turn)
+MIN_PRIORITY, MAX_PRIORITY = 1, 100
+
+
+def check_priority(priority: object) -> None:
+    """Raise ValueError unless ``priority`` is a whole number of MIN_PRIORITY-MAX_PRIORITY."""
+    whole = isinstance(priority, int) and not isinstance(priority, bool)
+    if not whole or not MIN_PRIORITY <= priority <= MAX_PRIORITY:  # type: ignore[operator]
+        raise ValueError(f"priority must be from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +27,8 @@ class ApiKey:
     #: wall-clock unix seconds after which the key is refused (None: never); checked on every
     #: use, cached or not
     expires_at: float | None = None
+    #: its weight in the fair admission queue (``MIN_PRIORITY``-``MAX_PRIORITY``)
+    priority: int = 1
 
 
 @dataclass(frozen=True, slots=True)

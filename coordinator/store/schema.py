@@ -23,6 +23,9 @@ api_keys = sa.Table(
     # An operator key (``gemmanet keys create --admin``): sees node details on /system-health.
     # Added after the first release: ``migrations.add_missing_columns`` adds it to older files.
     sa.Column("is_admin", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The key's weight in the fair admission queue, 1-100 (``gemmanet keys create --priority``;
+    # added after the first release, like is_admin).
+    sa.Column("priority", sa.Integer, nullable=False, server_default=sa.text("1")),
     sa.Index("ux_api_keys_key_hash", "key_hash", unique=True),
 )
 # Key lifecycle (``lifecycle.py``), added after the first release: NULL means never / none.

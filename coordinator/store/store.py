@@ -24,7 +24,7 @@ from .auth import AUTH_CACHE_SIZE, AUTH_CACHE_TTL_S, CachedAuth
 from .engine import create_engine, create_tables, is_sqlite_memory, normalize_url, safe_url
 from .errors import AlreadyRated, StoreError, TaskForbidden, TaskNotFound
 from .lifecycle import Lifecycle, log_change
-from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow, task_row
+from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow, check_priority, task_row
 from .schema import api_keys, node_tokens, ratings, tasks
 from .translate import translate_errors as _translate_errors
 from .usage import check_usage_window, usage_query, usage_rows
@@ -145,15 +145,24 @@ class Store:
         name: str,
         *,
         admin: bool = False,
+        priority: int = 1,
         expires_at: float | None = None,
         actor: str | None = None,
     ) -> tuple[ApiKey, str]:
-        """Create a client API key (an operator key with ``admin``; refused from
-        ``expires_at``, unix seconds, when given). Returns the record and the plaintext key,
-        shown only once. ``actor`` (who asked) goes to the change log."""
+        """Create a client API key (an operator key with ``admin``; ``priority``: its weight in
+        the fair admission queue; refused from ``expires_at``, unix seconds, when given).
+        Returns the record and the plaintext key, shown only once. ``actor`` (who asked) goes
+        to the change log."""
         check_key_name(name)
+        check_priority(priority)
         plaintext = tokens.new_api_key()
-        record = ApiKey(key_id=tokens.new_key_id(), name=name, admin=admin, expires_at=expires_at)
+        record = ApiKey(
+            key_id=tokens.new_key_id(),
+            name=name,
+            admin=admin,
+            expires_at=expires_at,
+            priority=priority,
+        )
         now = self._wall_clock()
         with self._transaction() as conn:
             conn.execute(
@@ -164,6 +173,7 @@ class Store:
                     created_at=now,
                     is_admin=admin,
                     expires_at=expires_at,
+                    priority=priority,
                 )
             )
             log_change(conn, now, actor, "key.create", record.key_id)
@@ -180,7 +190,11 @@ class Store:
         with self._engine.connect() as conn:
             row = conn.execute(
                 sa.select(
-                    api_keys.c.key_id, api_keys.c.name, api_keys.c.key_hash, api_keys.c.is_admin
+                    api_keys.c.key_id,
+                    api_keys.c.name,
+                    api_keys.c.key_hash,
+                    api_keys.c.is_admin,
+                    api_keys.c.priority,
                 )
                 .add_columns(api_keys.c.expires_at)
                 .where(api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None))
@@ -189,7 +203,11 @@ class Store:
         if row is None or not tokens.digests_equal(row.key_hash, key_hash):
             return None
         return ApiKey(
-            key_id=row.key_id, name=row.name, admin=bool(row.is_admin), expires_at=row.expires_at
+            key_id=row.key_id,
+            name=row.name,
+            admin=bool(row.is_admin),
+            expires_at=row.expires_at,
+            priority=int(row.priority),
         )
 
     async def authenticate_api_key(self, plaintext: str) -> ApiKey | None:

@@ -35,7 +35,7 @@ def _old_api_keys_table(database_url: str) -> str:
         *(
             sa.Column(c.name, c.type, primary_key=c.primary_key)
             for c in api_keys.c
-            if c.name != "is_admin"
+            if c.name not in ("is_admin", "priority")
         ),
     )
     plaintext = tokens.new_api_key()

@@ -551,3 +551,58 @@ def test_a_failed_release_is_retried_with_backoff_until_release_give_up_s() -> N
         now += delay
     assert delays[:7] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0])
     assert now < RELEASE_GIVE_UP_S <= now + 2.0
+
+
+# -- the fair order ----------------------------------------------------------------------------
+
+
+def fair_machine() -> AdmissionMachine:
+    return AdmissionMachine(
+        "A",
+        queue_timeout_s=QUEUE_TIMEOUT_S,
+        queue_max=7,
+        max_active_per_key=3,
+        store_outage_s=STORE_OUTAGE_S,
+        fair=True,
+    )
+
+
+def test_fair_a_waiter_told_it_is_not_the_head_wakes_the_head_if_it_waits_here() -> None:
+    m = fair_machine()
+    T4, T5 = ("t4", 1), ("t5", 1)
+    for ticket in (T1, T2, T3):
+        m.start(ticket, "m", [N1], 0.0)
+        m.answer(ticket, Admission("queued", position=1, head="t9"), 0.0)
+    # Woken, the first waiter asks; the store names t3 (another key's turn) as its head: t3
+    # is woken at once, not t2 after t1's wake was passed down the line.
+    assert m.wake_local("m") == [WakeLocal(T1)]
+    m.waited(T1, [N1], 0.1)
+    decisions = m.answer(T1, Admission("queued", position=2, head="t3"), 0.1)
+    assert only(decisions, WakeLocal) == [WakeLocal(T3)]
+    # Under fifo the same answer passes the wake to the next local waiter.
+    fifo = machine()
+    for ticket in (T1, T2, T3):
+        fifo.start(ticket, "m", [N1], 0.0)
+        fifo.answer(ticket, queued(1), 0.0)
+    fifo.wake_local("m")
+    fifo.waited(T1, [N1], 0.1)
+    assert only(fifo.answer(T1, queued(2), 0.1), WakeLocal) == [WakeLocal(T2)]
+    # A head elsewhere: nothing to wake here.
+    m.start(T4, "m", [N1], 0.0)
+    assert only(m.answer(T4, Admission("queued", position=2, head="t9"), 0.0), WakeLocal) == []
+    # A grant naming this instance as the next head's wakes exactly that one.
+    m.start(T5, "m", [N1], 0.0)
+    grant = Admission("granted", "n1", "c1", "lease-5", next_in_queue="A", head="t2")
+    assert only(m.answer(T5, grant, 0.0), WakeLocal) == [WakeLocal(T2)]
+
+
+def test_fair_the_head_polls_even_when_it_is_not_the_first_waiter_here() -> None:
+    m = fair_machine()
+    m.start(T1, "m", [N1], 0.0)
+    m.answer(T1, Admission("queued", position=3, head="t2"), 0.0)
+    m.start(T2, "m", [N1], 0.0)
+    decisions = m.answer(T2, Admission("queued", position=0, head="t2"), 0.0)
+    assert step_of(decisions) == WaitUntil(T2, POLL_S, "poll")
+    m.start(T3, "m", [N1], 0.0)
+    decisions = m.answer(T3, Admission("queued", position=1, head="t2"), 0.0)
+    assert step_of(decisions) == WaitUntil(T3, QUEUE_TIMEOUT_S, "queue_deadline")

@@ -166,6 +166,6 @@ def test_an_unknown_table_of_the_operator_file_is_refused(text: str, expected: s
     with pytest.raises(SettingsError) as refused:
         parse_capacity(text, "ops.toml")
     assert str(refused.value) == (
-        f"ops.toml has {expected}: the operator file knows only the tables [models], [nodes] "
-        "and [hosts]"
+        f"ops.toml has {expected}: the operator file knows only the tables [models], [nodes], "
+        "[hosts] and [keys]"
     )

@@ -2,9 +2,11 @@
 reference model written here (from ``leases.py``, independently of ``memory/leases.py``).
 
 Random sequences of admissions (new requests and requests asking again, random candidates,
-models, sizes), renewals, expiries, releases, instances beating, leaving and falling silent,
-node facts put and dropped. Every reply is compared with the model's (outcome, node, lease,
-position, refusals in order, next_in_queue, renewals, queue heads, usage, queue depths), and
+models, sizes, key weights), renewals, expiries, releases, instances beating, leaving and
+falling silent, node facts put and dropped. Every reply is compared with the model's (outcome,
+node, lease, position, refusals in order, next_in_queue, head, renewals, queue heads, usage,
+queue depths), under both queue orders (``fair``: the model is a plain deficit round robin,
+``Drr``, whose positions are found by serving a copy one grant at a time), and
 throughout: a node's leases never exceed its ``max_parallel`` and the memory in use never
 exceeds its ``memory_gb`` (budgets are fixed per node; resident models are drawn once).
 
@@ -17,6 +19,7 @@ purpose with tiny TTLs followed by a real sleep a few times longer.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import uuid
@@ -52,7 +55,7 @@ from tests.fixtures.trio_portal import Portal
 
 REGISTRY = "instances"
 INSTANCES = ("A", "B", "C")
-KEYS = ("k1", "k2")
+KEYS = ("k1", "k2", "k3")
 CATALOG = {"a": 1.0, "b": 1.5, "c": 0.5, "d": 0.1}
 #: node -> (max_parallel, memory_gb)
 NODES: dict[str, tuple[int, float | None]] = {"n1": (1, None), "n2": (2, 3.0), "n3": (3, 2.1)}
@@ -89,6 +92,17 @@ class Entry:
     request_id: str
     instance: str
     expires: float
+    key: str = ""
+
+
+@dataclass
+class Drr:
+    """The fair order of one model's queue as plain deficit round robin: the ring of keys
+    with entries, each key's deficit and weight; the entries stay in arrival order."""
+
+    ring: list[str] = field(default_factory=list)
+    deficit: dict[str, int] = field(default_factory=dict)
+    weight: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,17 +114,74 @@ class Reference:
     leases: dict[str, dict[str, Lease]] = field(default_factory=dict)
     queues: dict[str, list[Entry]] = field(default_factory=dict)
     active: dict[str, dict[str, str]] = field(default_factory=dict)
+    drr: dict[str, Drr] = field(default_factory=dict)
+
+    @property
+    def fair(self) -> bool:
+        return self.rules.queue_policy == "fair"
+
+    def first(self, model: str) -> Entry | None:
+        """The entry a grant goes to next (not judged)."""
+        queue = self.queues.setdefault(model, [])
+        if not self.fair:
+            return queue[0] if queue else None
+        ring = self.drr.setdefault(model, Drr()).ring
+        return next((e for e in queue if e.key == ring[0]), None) if ring else None
+
+    def leave(self, model: str, rid: str) -> None:
+        queue = self.queues.setdefault(model, [])
+        gone = [e for e in queue if e.request_id == rid]
+        queue[:] = [e for e in queue if e.request_id != rid]
+        drr = self.drr.setdefault(model, Drr())
+        for entry in gone:
+            if entry.key in drr.ring and not any(e.key == entry.key for e in queue):
+                drr.ring.remove(entry.key)
+                del drr.deficit[entry.key]
+
+    def served(self, model: str, rid: str) -> None:
+        """The head ``rid`` was granted."""
+        first = self.first(model)
+        self.leave(model, rid)
+        if not self.fair or first is None or first.request_id != rid:
+            return
+        drr = self.drr[model]
+        if first.key in drr.ring:
+            drr.deficit[first.key] -= 1
+            if drr.deficit[first.key] == 0:
+                drr.ring.remove(first.key)
+                drr.ring.append(first.key)
+                drr.deficit[first.key] = drr.weight[first.key]
+
+    def join(self, model: str, entry: Entry, weight: int) -> None:
+        self.queues.setdefault(model, []).append(entry)
+        drr = self.drr.setdefault(model, Drr())
+        drr.weight[entry.key] = weight
+        if entry.key not in drr.ring:
+            drr.ring.append(entry.key)
+            drr.deficit[entry.key] = weight
+
+    def position(self, model: str, rid: str) -> int:
+        """Grants before ``rid`` if nothing else arrives: served one by one on a copy."""
+        saved = (list(self.queues[model]), self.drr.get(model, Drr()))
+        self.drr[model] = Drr(list(saved[1].ring), dict(saved[1].deficit), dict(saved[1].weight))
+        ahead = 0
+        while (first := self.first(model)) is not None and first.request_id != rid:
+            self.served(model, first.request_id)
+            ahead += 1
+        self.queues[model], self.drr[model] = saved
+        return ahead
 
     def alive(self, instance: str, window: float) -> bool:
         beat = self.beats.get(instance)
         return beat is not None and self.now - beat <= window
 
     def head(self, model: str) -> Entry | None:
-        queue = self.queues.setdefault(model, [])
         window = self.rules.requester_stale_s
-        while queue and not (queue[0].expires > self.now and self.alive(queue[0].instance, window)):
-            queue.pop(0)
-        return queue[0] if queue else None
+        while (first := self.first(model)) is not None:
+            if first.expires > self.now and self.alive(first.instance, window):
+                return first
+            self.leave(model, first.request_id)
+        return None
 
     def held(self, node: str) -> dict[str, Lease]:
         leases = self.leases.setdefault(node, {})
@@ -150,35 +221,50 @@ class Reference:
                 if not self.alive(instance, self.rules.requester_stale_s):
                     del active[rid]
             if len(active) >= limit:
-                return ("key_limit", "", "", "", 0, [], "")
+                return ("key_limit", "", "", "", 0, [], "", "")
             active[ask.request_id] = ask.instance_id
         self.head(ask.model)
         queue = self.queues[ask.model]
         ids = [e.request_id for e in queue]
-        ahead = ids.index(ask.request_id) if ask.request_id in ids else len(ids)
+        queued = ask.request_id in ids
+        ahead = self.position(ask.model, ask.request_id) if queued else len(ids)
         refusals: dict[str, str] = {}
         if ahead == 0:
             for node, conn in ask.candidates:
                 why = self.reserve(node, conn, ask)
                 if why is None:
-                    queue[:] = [e for e in queue if e.request_id != ask.request_id]
+                    self.served(ask.model, ask.request_id)
                     head = self.head(ask.model)
-                    nxt = head.instance if head else ""
-                    return ("granted", node, conn, ask.lease_id, 0, list(refusals.items()), nxt)
+                    nxt, rid = (head.instance, head.request_id) if head else ("", "")
+                    return (
+                        "granted",
+                        node,
+                        conn,
+                        ask.lease_id,
+                        0,
+                        list(refusals.items()),
+                        nxt,
+                        rid,
+                    )
                 refusals[node] = why
             if ask.candidates and set(refusals.values()) <= {"stale", "gone"}:
                 if entered:
                     del active[ask.request_id]
-                queue[:] = [e for e in queue if e.request_id != ask.request_id]
-                return ("refused", "", "", "", 0, list(refusals.items()), "")
-        if ask.request_id not in ids:
+                self.leave(ask.model, ask.request_id)
+                return ("refused", "", "", "", 0, list(refusals.items()), "", "")
+        if not queued:
             if len(queue) >= self.rules.queue_max:
                 if entered:
                     del active[ask.request_id]
-                return ("queue_full", "", "", "", 0, list(refusals.items()), "")
+                return ("queue_full", "", "", "", 0, list(refusals.items()), "", "")
             expires = self.now + ask.queue_entry_ttl_s
-            queue.append(Entry(ask.request_id, ask.instance_id, expires))
-        return ("queued", "", "", "", ahead, list(refusals.items()), "")
+            self.join(
+                ask.model, Entry(ask.request_id, ask.instance_id, expires, ask.key_id), ask.weight
+            )
+            ahead = self.position(ask.model, ask.request_id)
+        first = self.first(ask.model)  # as it stands: a queued answer judges no entry
+        rid = first.request_id if first else ""
+        return ("queued", "", "", "", ahead, list(refusals.items()), "", rid)
 
     def renew(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
         out = []
@@ -194,7 +280,7 @@ class Reference:
     ) -> list[tuple[str, str]]:
         if lease is not None:
             self.leases.get(lease[0], {}).pop(lease[1], None)
-        self.queues[model] = [e for e in self.queues.get(model, []) if e.request_id != rid]
+        self.leave(model, rid)
         self.active.get(key, {}).pop(rid, None)
         heads = []
         for name in dict.fromkeys(wake):
@@ -207,7 +293,16 @@ class Reference:
 def view(admission: Admission) -> tuple[object, ...]:
     a = admission
     refusals = list(a.refusals.items())
-    return (a.outcome, a.node_id, a.conn_id, a.lease_id, a.position, refusals, a.next_in_queue)
+    return (
+        a.outcome,
+        a.node_id,
+        a.conn_id,
+        a.lease_id,
+        a.position,
+        refusals,
+        a.next_in_queue,
+        a.head,
+    )
 
 
 @dataclass
@@ -331,6 +426,7 @@ class LeaseMachine(RuleBasedStateMachine):
         bigger=st.booleans(),
         kv=st.sampled_from([0.0, 0.25, 0.5]),
         tiny=st.sampled_from([False] * 4 + [True]),
+        weight=st.sampled_from([1, 1, 2, 3]),
     )
     def new_request(
         self,
@@ -341,12 +437,13 @@ class LeaseMachine(RuleBasedStateMachine):
         bigger: bool,
         kv: float,
         tiny: bool,
+        weight: int,
     ) -> None:
         rid = f"r{next(self.counter)}"
         ttl = self.world.tiny_ttl if tiny else data.draw(st.sampled_from(self.world.queue_ttls))
         ask = LeaseAsk(
             rid, instance, key, model, CATALOG[model] + 0.5 * bigger, kv,
-            self.candidates(data), f"L{next(self.counter)}", ttl,
+            self.candidates(data), f"L{next(self.counter)}", ttl, weight=weight,
         )  # fmt: skip
         self.requests[rid] = Request(ask)
         self.admit(ask)
@@ -363,6 +460,7 @@ class LeaseMachine(RuleBasedStateMachine):
         ask = LeaseAsk(
             ask.request_id, ask.instance_id, ask.key_id, ask.model, ask.model_gb, ask.kv_gb,
             self.candidates(data), lease_id, data.draw(st.sampled_from(self.world.queue_ttls)),
+            weight=ask.weight,
         )  # fmt: skip
         request.ask = ask
         self.admit(ask)
@@ -447,6 +545,12 @@ def test_lease_model_memory(trio_portal: Portal) -> None:
     run_machine(trio_portal, memory_world(), examples=200, steps=50)
 
 
+def test_lease_model_memory_fair(trio_portal: Portal) -> None:
+    world = memory_world()
+    world.rules = dataclasses.replace(world.rules, queue_policy="fair", queue_max=5)
+    run_machine(trio_portal, world, examples=10, steps=50)
+
+
 @pytest.mark.redis
 def test_lease_model_redis(trio_portal: Portal, redis_server_session: RedisServer) -> None:
     def fresh() -> AbstractAsyncContextManager[Coordination]:
@@ -459,3 +563,6 @@ def test_lease_model_redis(trio_portal: Portal, redis_server_session: RedisServe
     rules = AdmissionRules(REGISTRY, 60.0, 60.0, 60.0, queue_max=3, max_active_per_key=5)
     world = World(fresh, time.sleep, rules, (60.0,), 60.0, 0.002, 0.008)
     run_machine(trio_portal, world, examples=40, steps=40)
+    # The fair order, the same steps (the Lua of ``queue_position`` and the ring included).
+    world.rules = dataclasses.replace(rules, queue_policy="fair", queue_max=5)
+    run_machine(trio_portal, world, examples=5, steps=40)

@@ -84,6 +84,69 @@ async def test_a_burst_from_both_instances_waits_its_turn_in_arrival_order(
     assert all(n["leases"] == 0 for n in a.nodes())  # every lease given back
 
 
+async def test_a_flooding_key_does_not_hold_up_another_key_on_redis(
+    procs, redis_server, tmp_path
+) -> None:
+    """The fair order through the Lua scripts, with real keys: one key's flood is queued (sent
+    at once, across both instances), then a key of priority 2 sends two requests.
+    They run within a few tasks of arriving, before most of the flood (first come first
+    served would run them last); their queue wait is counted under priority class 2-4."""
+    a, b, stats = start(procs, redis_server, tmp_path, latency_ms=200)
+    flood_key = procs.create_key("flood")
+    quiet_key = procs.create_key("quiet", priority=2)
+    responses: dict[str, httpx.Response] = {}
+
+    async def one(coord: Coordinator, key: str, prompt: str) -> None:
+        responses[prompt] = await post(coord, key, prompt)
+
+    async def arrived(count: int) -> int:
+        """As in the burst test above; returns how many the node had been asked by then."""
+        async with httpx.AsyncClient(base_url=a.url, timeout=10) as client:
+            with trio.fail_after(20):
+                while True:
+                    asked = len(node_stats(stats)["prompts"]) if stats.exists() else 0  # type: ignore[arg-type]
+                    cluster = await client.get(
+                        "/api/v1/cluster", headers={"Authorization": f"Bearer {flood_key}"}
+                    )
+                    if asked + (cluster.json()["queue_depth"] or 0) >= count:
+                        return asked
+                    await trio.sleep(0.02)
+
+    flood = [f"f{i:02d}" for i in range(12)]
+    async with trio.open_nursery() as nursery:
+        for i, prompt in enumerate(flood):
+            nursery.start_soon(one, a if i % 2 else b, flood_key, prompt)
+        await arrived(len(flood))
+        for i, prompt in enumerate(["q1", "q2"]):
+            nursery.start_soon(one, b if i else a, quiet_key, prompt)
+            asked = await arrived(len(flood) + i + 1)
+            if i == 0:
+                asked_when_quiet_came = asked
+    assert {p: r.status_code for p, r in responses.items()} == dict.fromkeys(
+        [*flood, "q1", "q2"], 200
+    )
+    seen = node_stats(stats)
+    prompts: list[str] = seen["prompts"]  # type: ignore[assignment]
+    assert seen["peak_asked"] == 1, seen
+    # Each quiet request waited for at most a few tasks (the one running when it came, one
+    # turn of the flood, the other quiet one); under first come first served both would have
+    # waited for every flood request still queued.
+    assert 12 - asked_when_quiet_came >= 6, (asked_when_quiet_came, prompts)
+    assert prompts.index("q2") <= asked_when_quiet_came + 4, (asked_when_quiet_came, prompts)
+    metrics = ""
+    async with httpx.AsyncClient(timeout=10) as client:
+        for coord in (a, b):
+            metrics += (await client.get(f"{coord.url}/metrics")).text
+    waited = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith(
+            'gemmanet_admission_queue_wait_by_priority_seconds_count{priority="2-4"}'
+        )
+    ]
+    assert sum(waited) == 2, metrics
+
+
 async def test_past_the_queue_timeout_a_request_gets_503_with_retry_after(
     procs, redis_server, tmp_path
 ) -> None:

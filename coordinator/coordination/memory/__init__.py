@@ -8,6 +8,7 @@ pubsub.py        its pub/sub role and subscriptions
 state.py         its synchronous state on an injected clock (``MemoryState``)
 presence.py      its presence registries
 leases.py        its leases and queues (the reference semantics)
+queues.py        a model's admission queue in its two orders (fifo, fair)
 telemetry.py     its host telemetry histories
 monitor.py       its monitor election and fenced host facts
 affinity.py      its prefix affinity tables: which nodes served which blocks

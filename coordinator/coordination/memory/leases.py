@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from coordinator.coordination.leases import (
     NodeFacts,
     RefusalReason,
 )
+from coordinator.coordination.memory.queues import ModelQueue, QueueEntry, new_queue
 
 __all__ = ["LeaseTables", "memory_in_use"]
 
@@ -33,12 +35,6 @@ class _Lease:
     model: str
     model_gb: float
     kv_gb: float
-
-
-@dataclass(slots=True)
-class _QueueEntry:
-    instance_id: str
-    expires_at: float
 
 
 @dataclass(slots=True)
@@ -65,8 +61,7 @@ class LeaseTables:
     def __init__(self, alive: Alive) -> None:
         self._alive = alive
         self._nodes: dict[str, _Node] = {}
-        # Insertion-ordered: the first entry is the head of the queue.
-        self._queues: dict[str, dict[str, _QueueEntry]] = {}
+        self._queues: dict[str, ModelQueue] = {}
         self._active: dict[str, dict[str, str]] = {}
 
     # -- facts ------------------------------------------------------------------------------
@@ -101,37 +96,36 @@ class LeaseTables:
             entered = True
 
         queue = self._queue(ask.model, rules, now)
-        ahead = list(queue).index(ask.request_id) if ask.request_id in queue else len(queue)
+        queued = ask.request_id in queue
+        ahead = queue.position(ask.request_id) if queued else len(queue)
         refusals: dict[str, RefusalReason] = {}
         if ahead == 0:
             for node_id, conn_id in ask.candidates:
                 reason = self._try_reserve(node_id, conn_id, ask, rules, now)
                 if reason is None:
-                    queue.pop(ask.request_id, None)
+                    queue.granted(ask.request_id)
                     # The new head is judged like any head: a dead or expired one is dropped,
                     # else the caller would wake an instance that will never try again.
-                    head = next(iter(self._queue(ask.model, rules, now).values()), None)
-                    return Admission(
-                        "granted",
-                        node_id=node_id,
-                        conn_id=conn_id,
-                        lease_id=ask.lease_id,
-                        refusals=refusals,
-                        next_in_queue=head.instance_id if head else "",
-                    )
+                    grant = self._granted(ask, node_id, conn_id, rules, now)
+                    return dataclasses.replace(grant, refusals=refusals)
                 refusals[node_id] = reason
             if ask.candidates and all(r in ("stale", "gone") for r in refusals.values()):
                 if entered:
                     active.pop(ask.request_id, None)
-                queue.pop(ask.request_id, None)
+                queue.leave(ask.request_id)
                 return Admission("refused", refusals=refusals)
-        if ask.request_id not in queue:
+        if not queued:
             if len(queue) >= rules.queue_max:
                 if entered:
                     active.pop(ask.request_id, None)
                 return Admission("queue_full", refusals=refusals)
-            queue[ask.request_id] = _QueueEntry(ask.instance_id, now + ask.queue_entry_ttl_s)
-        return Admission("queued", position=ahead, refusals=refusals)
+            entry = QueueEntry(ask.instance_id, now + ask.queue_entry_ttl_s, ask.key_id)
+            queue.join(ask.request_id, entry, ask.weight)
+            ahead = queue.position(ask.request_id)
+        head = queue.head()  # as it stands: a queued answer judges no entry
+        return Admission(
+            "queued", position=ahead, refusals=refusals, head=head[0] if head is not None else ""
+        )
 
     def _held_again(self, ask: LeaseAsk, rules: AdmissionRules, now: float) -> Admission | None:
         """Asked again: the lease an earlier copy of this ask was granted, granted once more
@@ -150,15 +144,8 @@ class LeaseTables:
                 )
             )
             if usable:
-                self._queue(ask.model, rules, now).pop(ask.request_id, None)
-                head = next(iter(self._queue(ask.model, rules, now).values()), None)
-                return Admission(
-                    "granted",
-                    node_id=node_id,
-                    conn_id=conn_id,
-                    lease_id=ask.lease_id,
-                    next_in_queue=head.instance_id if head else "",
-                )
+                self._queue(ask.model, rules, now).leave(ask.request_id)
+                return self._granted(ask, node_id, conn_id, rules, now)
             del node.leases[ask.lease_id]
         return None
 
@@ -208,7 +195,7 @@ class LeaseTables:
                 node.leases.pop(lease[1], None)
         queue = self._queues.get(release.model)
         if queue is not None:
-            queue.pop(request_id, None)
+            queue.leave(request_id)
         active = self._active.get(key_id)
         if active is not None:
             active.pop(request_id, None)
@@ -216,9 +203,9 @@ class LeaseTables:
                 del self._active[key_id]
         heads = []
         for name in dict.fromkeys(release.wake_models):
-            head = next(iter(self._queue(name, rules, now).values()), None)
+            head = self._queue(name, rules, now).head()
             if head is not None:
-                heads.append((name, head.instance_id))
+                heads.append((name, head[1].instance_id))
         return heads
 
     # -- views ------------------------------------------------------------------------------
@@ -250,19 +237,35 @@ class LeaseTables:
 
     # -- housekeeping -----------------------------------------------------------------------
 
-    def _queue(self, model: str, rules: AdmissionRules, now: float) -> dict[str, _QueueEntry]:
+    def _queue(self, model: str, rules: AdmissionRules, now: float) -> ModelQueue:
         """The model's queue with its head usable: expired entries and entries of silent
         instances at its head are dropped (those further back go when they reach it)."""
-        queue = self._queues.setdefault(model, {})
-        while queue:
-            request_id, head = next(iter(queue.items()))
-            fresh = head.expires_at > now and self._alive(
-                rules.presence_registry, head.instance_id, rules.requester_stale_s, now
+        queue = self._queues.get(model)
+        if queue is None:
+            queue = self._queues[model] = new_queue(rules.queue_policy)
+        while (head := queue.head()) is not None:
+            request_id, entry = head
+            fresh = entry.expires_at > now and self._alive(
+                rules.presence_registry, entry.instance_id, rules.requester_stale_s, now
             )
             if fresh:
                 break
-            del queue[request_id]
+            queue.leave(request_id)
         return queue
+
+    def _granted(
+        self, ask: LeaseAsk, node_id: str, conn_id: str, rules: AdmissionRules, now: float
+    ) -> Admission:
+        """The grant, naming the queue's usable head (its instance and request id) next."""
+        head = self._queue(ask.model, rules, now).head()
+        return Admission(
+            "granted",
+            node_id=node_id,
+            conn_id=conn_id,
+            lease_id=ask.lease_id,
+            next_in_queue="" if head is None else head[1].instance_id,
+            head="" if head is None else head[0],
+        )
 
     def _drop_dead(self, active: dict[str, str], rules: AdmissionRules, now: float) -> None:
         for request_id, instance_id in list(active.items()):

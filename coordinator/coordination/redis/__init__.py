@@ -6,6 +6,7 @@ rate_limits.py   its exact shared rate limit (a sliding-window log)
 presence.py      its presence registries, on server TIME
 leases.py        its leases and queues
 lease_scripts.py the Lua scripts of its leases and queues
+queue_lua.py     the Lua of a model's queue in its two orders (fifo, fair)
 telemetry.py     its host telemetry histories (with their scripts)
 monitor.py       its monitor election and fenced facts (with their scripts)
 affinity.py      its prefix affinity: which nodes served which blocks (with its scripts)

@@ -10,8 +10,13 @@ Every key a script touches arrives in KEYS (``leases.py`` computes the names, sp
 * ``lease:n:{node}`` sorted set lease id -> expiry (µs); ``lease:i:{node}`` hash lease id ->
   ``"model_gb\\tkv_gb\\tmodel"``. Both expire a while after the last lease does;
 * ``lease:q:{model}`` sorted set request id -> sequence number (first come first served:
-  the last score plus one); ``lease:qi:{model}`` hash request id -> ``"expiry_us\\tinstance"``.
-  Both expire a while after the newest entry does, and hold at most ``queue_max`` entries;
+  the last score plus one); ``lease:qi:{model}`` hash request id -> ``"expiry_us\\tinstance"``
+  (``fair``: ``"expiry_us\\tinstance\\tkey id"``). Under ``fair`` also ``lease:qk:{model}``,
+  each entry's ``"key id\\tsequence (15 digits)\\trequest id"`` at score 0 (a key's entries
+  are a lex range, oldest first), ``lease:qr:{model}`` the ring of keys with entries (a
+  list, its front first) and ``lease:qd:{model}`` hash key id -> ``"deficit\\tweight"`` per
+  ring key. All expire a while after the newest entry does, and hold at most ``queue_max``
+  entries (key ids hold no tab);
 * ``lease:a:{key id}`` hash request id -> instance (the API key's active set; no TTL: a
   running request may last any time, its entry goes with ``release`` or its instance).
 
@@ -23,6 +28,7 @@ wrote (``repr``: exact) and are stored as such; sums are returned with ``%.17g``
 
 from __future__ import annotations
 
+from coordinator.coordination.redis.queue_lua import QUEUE_LUA
 from coordinator.coordination.redis.scripts import LuaScript, _script
 
 __all__ = ["ADMIT", "DROP_FACTS", "QUEUE_DEPTHS", "RELEASE", "RENEW", "USAGE"]
@@ -46,23 +52,9 @@ local function expire_after(keys, at)
     + """
   for _, key in ipairs(keys) do redis.call('PEXPIRE', key, ms) end
 end
--- The queue's head request id and instance after dropping expired or dead heads (entries
--- further back go when they reach the head), or nil when the queue is empty.
-local function queue_head(q, qi, presence, window)
-  while true do
-    local head = redis.call('ZRANGE', q, 0, 0)
-    if #head == 0 then return nil end
-    local info = redis.call('HGET', qi, head[1])
-    if info then
-      local expires, instance = string.match(info, '^([^\\t]*)\\t(.*)$')
-      if tonumber(expires) > now and alive(presence, instance, window) then
-        return head[1], instance
-      end
-    end
-    redis.call('ZREM', q, head[1])
-    redis.call('HDEL', qi, head[1])
-  end
-end
+"""
+    + QUEUE_LUA
+    + """
 local function drop_expired(n, i)
   local expired = redis.call('ZRANGEBYSCORE', n, '-inf', fmt(now))
   if #expired > 0 then
@@ -118,39 +110,41 @@ def _lease_script(name: str, body: str) -> LuaScript:
     return _script(name, _PRELUDE + body)
 
 
-# KEYS: presence, facts, active set, queue, queue info, then (leases, lease info) per
-# candidate. ARGV: request id, instance, model_gb, kv_gb, model, lease id, queue entry TTL us,
-# facts_stale us, requester_stale us, lease TTL us, queue_max, max_active_per_key (0: no
-# limit), '1'/'0' (asked again: look for the lease id first), then (node id, conn id) per
-# candidate.
-# Returns {outcome, node, conn, lease id, position, {node, reason, ...}, next_in_queue}.
+# KEYS: presence, facts, active set, the queue's five (``queue_at``), then (leases, lease
+# info) per candidate. ARGV: request id, instance, model_gb, kv_gb, model, lease id, queue
+# entry TTL us, facts_stale us, requester_stale us, lease TTL us, queue_max,
+# max_active_per_key (0: no limit), '1'/'0' (asked again: look for the lease id first),
+# 'fair'/'fifo', key id, weight, then (node id, conn id) per candidate.
+# Returns {outcome, node, conn, lease id, position, {node, reason, ...}, next_in_queue,
+# head request id}.
 ADMIT = _lease_script(
     "lease_admit",
     """
-local presence, facts_key, active, q, qi = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local presence, facts_key, active = KEYS[1], KEYS[2], KEYS[3]
+local Q = queue_at(4, ARGV[14] == 'fair')
+local key_id, weight = ARGV[15], ARGV[16]
 local rid, instance, model_gb, kv_gb, model, lease_id =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local queue_ttl, facts_window = tonumber(ARGV[7]), tonumber(ARGV[8])
 local requester_window, lease_ttl = tonumber(ARGV[9]), tonumber(ARGV[10])
 local queue_max, limit = tonumber(ARGV[11]), tonumber(ARGV[12])
 local again = ARGV[13] == '1'
-local candidates = (#ARGV - 13) / 2
+local candidates = (#ARGV - 16) / 2
 
 -- Asked again after a copy of this ask got no answer: a lease that copy was granted is this
 -- ask's, if its node is still usable as that candidate; else it can serve nobody.
 if again then
   for k = 0, candidates - 1 do
-    local node, conn = ARGV[14 + 2 * k], ARGV[15 + 2 * k]
-    local n, i = KEYS[6 + 2 * k], KEYS[7 + 2 * k]
+    local node, conn = ARGV[17 + 2 * k], ARGV[18 + 2 * k]
+    local n, i = KEYS[9 + 2 * k], KEYS[10 + 2 * k]
     local expires = redis.call('ZSCORE', n, lease_id)
     if expires and tonumber(expires) > now then
       local raw = redis.call('HGET', facts_key, node)
       local facts = raw and cjson.decode(raw)
       if facts and facts.conn == conn and alive(presence, facts.instance, facts_window) then
-        redis.call('ZREM', q, rid)
-        redis.call('HDEL', qi, rid)
-        local _, next_instance = queue_head(q, qi, presence, requester_window)
-        return {'granted', node, conn, lease_id, 0, {}, next_instance or ''}
+        queue_leave(Q, rid)
+        local next_rid, next_instance = queue_head(Q, presence, requester_window)
+        return {'granted', node, conn, lease_id, 0, {}, next_instance or '', next_rid or ''}
       end
       redis.call('ZREM', n, lease_id)
       redis.call('HDEL', i, lease_id)
@@ -185,14 +179,15 @@ if limit > 0 and redis.call('HEXISTS', active, rid) == 0 then
       redis.call('HDEL', active, entries[k])
     end
   end
-  if redis.call('HLEN', active) >= limit then return {'key_limit', '', '', '', 0, {}, ''} end
+  if redis.call('HLEN', active) >= limit then return {'key_limit', '', '', '', 0, {}, '', ''} end
   redis.call('HSET', active, rid, instance)
   entered = true
 end
 
-queue_head(q, qi, presence, requester_window)
-local rank = redis.call('ZRANK', q, rid)
-local ahead = rank or redis.call('ZCARD', q)
+queue_head(Q, presence, requester_window)
+local queued = redis.call('ZSCORE', Q.q, rid) ~= false
+local ahead = redis.call('ZCARD', Q.q)
+if queued then ahead = queue_position(Q, rid) end
 local order, reasons = {}, {}
 local function refusals()
   local flat = {}
@@ -205,13 +200,12 @@ end
 
 if ahead == 0 then
   for k = 0, candidates - 1 do
-    local node, conn = ARGV[14 + 2 * k], ARGV[15 + 2 * k]
-    local why = try_reserve(node, conn, KEYS[6 + 2 * k], KEYS[7 + 2 * k])
+    local node, conn = ARGV[17 + 2 * k], ARGV[18 + 2 * k]
+    local why = try_reserve(node, conn, KEYS[9 + 2 * k], KEYS[10 + 2 * k])
     if not why then
-      redis.call('ZREM', q, rid)
-      redis.call('HDEL', qi, rid)
-      local _, next_instance = queue_head(q, qi, presence, requester_window)
-      return {'granted', node, conn, lease_id, 0, refusals(), next_instance or ''}
+      queue_granted(Q, rid)
+      local next_rid, next_instance = queue_head(Q, presence, requester_window)
+      return {'granted', node, conn, lease_id, 0, refusals(), next_instance or '', next_rid or ''}
     end
     if reasons[node] == nil then order[#order + 1] = node end
     reasons[node] = why
@@ -223,32 +217,31 @@ if ahead == 0 then
     end
     if not usable then
       if entered then redis.call('HDEL', active, rid) end
-      redis.call('ZREM', q, rid)
-      redis.call('HDEL', qi, rid)
-      return {'refused', '', '', '', 0, refusals(), ''}
+      queue_leave(Q, rid)
+      return {'refused', '', '', '', 0, refusals(), '', ''}
     end
   end
 end
 
-if not rank then
-  if redis.call('ZCARD', q) >= queue_max then
+if not queued then
+  if redis.call('ZCARD', Q.q) >= queue_max then
     if entered then redis.call('HDEL', active, rid) end
-    return {'queue_full', '', '', '', 0, refusals(), ''}
+    return {'queue_full', '', '', '', 0, refusals(), '', ''}
   end
-  local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', Q.q, -1, -1, 'WITHSCORES')
   local seq = 1
   if #last > 0 then seq = tonumber(last[2]) + 1 end
-  redis.call('ZADD', q, fmt(seq), rid)
-  redis.call('HSET', qi, rid, fmt(now + queue_ttl) .. '\\t' .. instance)
+  queue_join(Q, rid, seq, now + queue_ttl, instance, key_id, weight)
+  if Q.fair then ahead = queue_position(Q, rid) end
   local want = math.ceil(queue_ttl / 1000) + """
     + str(KEY_MARGIN_MS)
     + """
-  if redis.call('PTTL', q) < want or redis.call('PTTL', qi) < want then
-    redis.call('PEXPIRE', q, want)
-    redis.call('PEXPIRE', qi, want)
+  for _, key in ipairs({Q.q, Q.qi, Q.qk, Q.qr, Q.qd}) do
+    local ttl = redis.call('PTTL', key)
+    if ttl ~= -2 and ttl < want then redis.call('PEXPIRE', key, want) end
   end
 end
-return {'queued', '', '', '', ahead, refusals(), ''}
+return {'queued', '', '', '', ahead, refusals(), '', queue_peek(Q) or ''}
 """,
 )
 
@@ -274,27 +267,26 @@ return renewed
 """,
 )
 
-# KEYS: presence, queue, queue info, active set, [leases, lease info when ARGV[2] == '1'],
-# then (queue, queue info) per wake model. ARGV: request id, '1'/'0' (a lease to end), lease
-# id, requester_stale us, then the wake models. Returns {model, head instance, ...}.
+# KEYS: presence, the queue's five (``queue_at``), active set, [leases, lease info when
+# ARGV[2] == '1'], then the queue's five per wake model. ARGV: request id, '1'/'0' (a lease to
+# end), lease id, requester_stale us, 'fair'/'fifo', then the wake models.
+# Returns {model, head instance, ...}.
 RELEASE = _lease_script(
     "lease_release",
     """
-local presence, q, qi, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local rid, window = ARGV[1], tonumber(ARGV[4])
-local first = 5
+local presence, active = KEYS[1], KEYS[7]
+local rid, window, fair = ARGV[1], tonumber(ARGV[4]), ARGV[5] == 'fair'
+local first = 8
 if ARGV[2] == '1' then
-  redis.call('ZREM', KEYS[5], ARGV[3])
-  redis.call('HDEL', KEYS[6], ARGV[3])
-  first = 7
+  redis.call('ZREM', KEYS[8], ARGV[3])
+  redis.call('HDEL', KEYS[9], ARGV[3])
+  first = 10
 end
-redis.call('ZREM', q, rid)
-redis.call('HDEL', qi, rid)
+queue_leave(queue_at(2, fair), rid)
 redis.call('HDEL', active, rid)
 local heads = {}
-for k = 5, #ARGV do
-  local at = first + 2 * (k - 5)
-  local _, instance = queue_head(KEYS[at], KEYS[at + 1], presence, window)
+for k = 6, #ARGV do
+  local _, instance = queue_head(queue_at(first + 5 * (k - 6), fair), presence, window)
   if instance then
     heads[#heads + 1] = ARGV[k]
     heads[#heads + 1] = instance
@@ -324,15 +316,16 @@ return out
 """,
 )
 
-# KEYS: presence, then (queue, queue info) per model. ARGV: requester_stale us.
+# KEYS: presence, then the queue's five per model. ARGV: requester_stale us, 'fair'/'fifo'.
 # Returns the length of each queue after its head is judged.
 QUEUE_DEPTHS = _lease_script(
     "lease_queue_depths",
     """
 local depths = {}
-for k = 2, #KEYS, 2 do
-  queue_head(KEYS[k], KEYS[k + 1], KEYS[1], tonumber(ARGV[1]))
-  depths[#depths + 1] = redis.call('ZCARD', KEYS[k])
+for k = 2, #KEYS, 5 do
+  local Q = queue_at(k, ARGV[2] == 'fair')
+  queue_head(Q, KEYS[1], tonumber(ARGV[1]))
+  depths[#depths + 1] = redis.call('ZCARD', Q.q)
 end
 return depths
 """,

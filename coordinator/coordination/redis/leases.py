@@ -126,12 +126,15 @@ class RedisLeases:
             str(int(rules.queue_max)),
             str(int(rules.max_active_per_key)),
             "1" if ask.again else "0",
+            rules.queue_policy,
+            ask.key_id,
+            str(int(ask.weight)),
         ]
         for node_id, conn_id in ask.candidates:
             keys += self._node_keys(node_id)
             args += [node_id, conn_id]
         reply = await self._link.run_script(self.admit_script, keys, args)
-        outcome, node_id, conn_id, lease_id, position, flat, next_in_queue = reply
+        outcome, node_id, conn_id, lease_id, position, flat, next_in_queue, head = reply
         refusals = {
             _text(flat[k]): cast(RefusalReason, _text(flat[k + 1])) for k in range(0, len(flat), 2)
         }
@@ -143,6 +146,7 @@ class RedisLeases:
             position=int(position),
             refusals=refusals,
             next_in_queue=_text(next_in_queue),
+            head=_text(head),
         )
 
     async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:
@@ -173,6 +177,7 @@ class RedisLeases:
             "0" if lease is None else "1",
             "" if lease is None else lease[1],
             _us(rules.requester_stale_s),
+            rules.queue_policy,
             *wake,
         ]
         reply = await self._link.run_script(RELEASE, keys, args)
@@ -198,7 +203,9 @@ class RedisLeases:
         keys = [self._name(rules.presence_registry)]
         for model in models:
             keys += self._queue_keys(model)
-        reply = await self._link.run_script(QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s)])
+        reply = await self._link.run_script(
+            QUEUE_DEPTHS, keys, [_us(rules.requester_stale_s), rules.queue_policy]
+        )
         return {model: int(depth) for model, depth in zip(models, reply, strict=True)}
 
 

@@ -52,7 +52,7 @@ from coordinator.core.placement import NodeView
 from coordinator.core.retries import release_retry_in
 from coordinator.errors import CoordinationTimeout
 from coordinator.runtime.cluster.bus_outbox import BusOutbox
-from coordinator.runtime.metrics import Metrics
+from coordinator.runtime.metrics import Metrics, priority_class
 from coordinator.settings import Settings
 from protocol import BusWake
 
@@ -73,6 +73,7 @@ def admission_rules(
     lease_ttl_s: float,
     queue_max: int,
     max_active_per_key: int,
+    queue_policy: str = "fair",
 ) -> AdmissionRules:
     return AdmissionRules(
         presence_registry=keys.PRESENCE,
@@ -81,6 +82,7 @@ def admission_rules(
         lease_ttl_s=lease_ttl_s,
         queue_max=queue_max,
         max_active_per_key=max_active_per_key,
+        queue_policy="fifo" if queue_policy == "fifo" else "fair",
     )
 
 
@@ -106,31 +108,49 @@ class Admissions:
             lease_ttl_s=settings.lease_ttl_s,
             queue_max=settings.queue_max,
             max_active_per_key=settings.max_active_per_key,
+            queue_policy=settings.queue_policy,
         )
+        # API key id -> its weight in the fair queue, as its last authenticated request had it
+        # (the operator file's priority for its name, else the key's own; ``note_key``).
+        self._weights: dict[str, int] = {}
         self.waiters = AdmissionMachine(
             self.me,
             queue_timeout_s=settings.queue_timeout_s,
             queue_max=settings.queue_max,
             max_active_per_key=settings.max_active_per_key,
             store_outage_s=settings.store_outage_s,
+            fair=settings.queue_policy == "fair",
         )
         # Per waiting ticket, what cuts its wait short: set when the machine records a wake for
         # it (``WakeLocal``), renewed when a wakeable wait ends (the machine consumes the wake
         # then too), so a wake that came while it was asking or looking again after every
         # candidate went away ends its next wakeable wait at once, as the machine expects.
         self._wakes: dict[Ticket, trio.Event] = {}
+        # Per waiting ticket, its key's priority class (the queue wait by priority's label).
+        self._priorities: dict[Ticket, str] = {}
         self.lost_leases = 0
 
     # -- taking a lease ---------------------------------------------------------------------
+
+    def note_key(self, key_id: str, name: str, priority: int) -> None:
+        """An authenticated request of this API key: its weight in the fair queue is the
+        operator file's priority for its name, else the key's own."""
+        weight = self._settings.capacity.key_priorities.get(name, priority)
+        self._weights[key_id] = min(max(int(weight), 1), 100)  # a hand-edited row stays usable
+
+    def weight_of(self, key_id: str) -> int:
+        return self._weights.get(key_id, 1)
 
     async def reserve(self, effect: Reserve) -> list[Effect]:
         """Take a lease for the task, waiting for room; the machine's effects that follow."""
         ticket = (effect.task_id, effect.attempt)
         model = self._machine.requester.model_of(effect.task_id)
+        key = self._machine.requester.key_of(effect.task_id)
         decisions = self.waiters.start(ticket, model, self._candidates(effect), self._clock())
         if not decisions:
             return []  # the request ended meanwhile
         self._wakes[ticket] = trio.Event()
+        self._priorities[ticket] = priority_class(self.weight_of(key))
         try:
             while True:
                 step = self._carry_out(decisions)
@@ -162,6 +182,7 @@ class Admissions:
             # A no-op unless the wait was cut short from outside (the client left).
             self._carry_out(self.waiters.ended(ticket, self._clock()))
             del self._wakes[ticket]
+            del self._priorities[ticket]
 
     def _candidates(self, effect: Reserve) -> list[NodeView] | None:
         return self._machine.requester.candidates(effect.task_id, effect.attempt, self._clock())
@@ -184,6 +205,9 @@ class Admissions:
                 self._machine.requester.waiting(decision.ticket[0])
             elif isinstance(decision, Left) and decision.queued_for is not None:
                 self._metrics.queue_wait.observe(decision.queued_for)
+                priority = self._priorities.get(decision.ticket, "1")
+                by_priority = self._metrics.queue_wait_by_priority.labels(priority=priority)
+                by_priority.observe(decision.queued_for)
         return step_of(decisions)
 
     async def _wait(self, step: WaitUntil) -> None:
@@ -200,10 +224,11 @@ class Admissions:
         requester = self._machine.requester
         model, candidates = step.model, step.candidates
         cost = self._settings.capacity.cost(model)
+        ask_key = requester.key_of(effect.task_id)
         ask = LeaseAsk(
             request_id=effect.task_id,
             instance_id=self.me,
-            key_id=requester.key_of(effect.task_id),
+            key_id=ask_key,
             model=model,
             model_gb=cost.resident_gb,
             kv_gb=cost.kv_gb,
@@ -211,6 +236,7 @@ class Admissions:
             lease_id=f"{effect.task_id}.{effect.attempt}",
             queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
             again=step.again,
+            weight=self.weight_of(ask_key),
         )
         try:
             # Shielded: a lease granted to a request that is being cancelled must still reach
