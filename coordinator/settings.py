@@ -228,6 +228,8 @@ VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
         "GEMMANET_TELEMETRY_INTERVAL_S",
         lambda n, v: _number(n, v, minimum=0.1, maximum=3600.0),
     ),
+    # SIGTERM's drain window (docs/operations.md).
+    "drain_s": ("GEMMANET_DRAIN_S", lambda n, v: _number(n, v, minimum=0.0, maximum=MAX_TIMEOUT_S)),
     # The elected residency monitor (README "Monitor and fencing").
     "monitor": ("GEMMANET_MONITOR", _flag),
     "monitor_poll_s": (
@@ -345,6 +347,9 @@ class Settings:
     # Host telemetry from heartbeats: at most one stored sample per node this often (the
     # history keeps the last 60; README "Host telemetry").
     telemetry_interval_s: float = 5.0
+    # On SIGTERM (docs/operations.md): requests in flight get this long to end (never past
+    # their own timeout), then what remains ends with 503 instance_shutting_down.
+    drain_s: float = 30.0
     # The elected residency monitor: candidate or not, its poll interval, election TTL,
     # standby retry and per-host poll timeout (their sum with a second poll timeout must fit in
     # residency_stale_s: coordinator/monitor/timing.py). ``monitor_unfenced`` is TEST-ONLY (it

@@ -6,6 +6,7 @@
     owner.py             this instance's node connections and the tasks they run
     effects.py           what the machines ask the shell to do
     admission.py         a request waiting for a lease: ask again, wait, pass a wake, give up
+    drain.py             an instance's drain (SIGTERM): refuse, wait, end what remains, go
     retries.py           when to make a store call again (a timeout, a failed release), when not
     placement.py         which node gets a task
     node_table.py        which connection speaks for which node identity on this instance

@@ -70,6 +70,7 @@ from coordinator.runtime.cluster.membership import Membership
 from coordinator.runtime.cluster.ownership import Ownership, refresh_turns
 from coordinator.runtime.cluster.single_instance_lock import refuse_a_running_id
 from coordinator.runtime.cluster.supervision import Supervisor
+from coordinator.runtime.drain import Drain
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.nodes.facts import NodeFactsWriter
@@ -160,6 +161,8 @@ class Instance:
             self.instance_id, settings.capacity, coordination.leases, self.machine.owner.nodes
         )
         self.membership.on_forgotten = self.node_facts.rewrite_all
+        #: SIGTERM's drain (runtime/drain.py; ``gemmanet serve`` starts it)
+        self.drain = Drain(self, settings.drain_s)
         self.telemetry = NodeTelemetry(
             coordination.telemetry, interval_s=settings.telemetry_interval_s
         )
@@ -222,6 +225,9 @@ class Instance:
         """A graceful stop: peers stop counting on us now rather than at the TTL. (A killed
         process never gets here; its closed inbox tells the peers.)"""
         await self.membership.leave()
+
+    def releases_in_flight(self) -> int:
+        return self.admissions.releasing
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{self._ids.getrandbits(96):024x}"

@@ -120,6 +120,8 @@ class Admissions:
         # candidate went away ends its next wakeable wait at once, as the machine expects.
         self._wakes: dict[Ticket, trio.Event] = {}
         self.lost_leases = 0
+        #: releases not yet answered by the store (a drain waits for them)
+        self.releasing = 0
 
     # -- taking a lease ---------------------------------------------------------------------
 
@@ -243,6 +245,13 @@ class Admissions:
     # -- giving back ------------------------------------------------------------------------
 
     async def release(self, effect: ReleaseLease) -> None:
+        self.releasing += 1
+        try:
+            await self._release(effect)
+        finally:
+            self.releasing -= 1
+
+    async def _release(self, effect: ReleaseLease) -> None:
         started_at = self._clock()
         failures = 0
         while True:

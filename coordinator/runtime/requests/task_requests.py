@@ -23,7 +23,8 @@ from coordinator.coordination import RateLimits
 from coordinator.core.effects import Effect, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.task_content import check_content_fits
-from coordinator.errors import GemmaNetError, NodeDisconnected, StoreError
+from coordinator.errors import GemmaNetError, InstanceShuttingDown, NodeDisconnected, StoreError
+from coordinator.runtime.drain import Drain
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.requests import task_log
@@ -53,6 +54,8 @@ class RequestHost(Protocol):
     waiting: dict[str, trio.MemorySendChannel[TaskEvent]]
 
     store: Store
+    #: SIGTERM's drain: refuses new requests, ends queued ones when its window is over
+    drain: Drain
 
     def new_id(self, prefix: str) -> str: ...
     def apply(self, effects: list[Effect]) -> None: ...
@@ -106,6 +109,9 @@ class TaskRequests:
         inst = self._instance
         began = inst.clock()
         try:
+            refusal = inst.drain.refusal()
+            if refusal is not None:
+                raise refusal
             assign, deadline = self._assign(model, prompt, messages, options, stream, timeout_s)
             handle = await self._place(key_id, assign, deadline)
         except GemmaNetError as exc:
@@ -153,10 +159,17 @@ class TaskRequests:
         send, receive = trio.open_memory_channel[TaskEvent](math.inf)
         inst.waiting[task_id] = send
         try:
-            await inst.carry_out(inst.machine.submit(assign, deadline, inst.clock(), key_id))
-        except BaseException:
+            with inst.drain.placing() as placing:
+                await inst.carry_out(inst.machine.submit(assign, deadline, inst.clock(), key_id))
+            if placing.cancelled_caught:  # the drain window ended while it waited for room
+                raise InstanceShuttingDown(
+                    "the coordinator instance shut down before a node was free; retry on "
+                    "another instance"
+                )
+        except BaseException as exc:
             inst.waiting.pop(task_id, None)
-            inst.apply(inst.machine.request_ended(task_id, "client_gone", inst.clock()))
+            outcome = exc.code if isinstance(exc, GemmaNetError) else "client_gone"
+            inst.apply(inst.machine.request_ended(task_id, outcome, inst.clock()))
             raise
         placement = inst.machine.requester.placement(task_id)
         if placement is None:
