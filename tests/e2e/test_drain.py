@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -124,6 +125,6 @@ async def test_sigterm_drains_then_ends_long_streams_with_the_shutdown_error(
     openai_deltas, error = results["openai"]  # type: ignore[misc]
     assert error is not None and error.code == "instance_shutting_down", (openai_deltas, error)
     assert 2 <= len(openai_deltas) < 40
-    log = open(coord.proc.log_path).read()  # type: ignore[attr-defined]
+    log = Path(coord.proc.log_path).read_text()  # type: ignore[attr-defined]
     assert "drain window over: ending 2 request(s)" in log, log[-3000:]
     assert "client_gone" not in log
