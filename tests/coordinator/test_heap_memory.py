@@ -150,5 +150,8 @@ print(json.dumps({"heaps": heaps}))
         )
         return int(result["heaps"])
 
-    assert threads_heaps("from coordinator.server import heap_trim\nassert heap_trim.one_arena()\n") == 1
+    assert (
+        threads_heaps("from coordinator.server import heap_trim\nassert heap_trim.one_arena()\n")
+        == 1
+    )
     assert threads_heaps("") > 1  # what glibc does by default
