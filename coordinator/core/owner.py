@@ -112,10 +112,13 @@ class Owner:
         placements see them serve nothing), and each is told to move once idle; ``now``: every
         one at once, tasks or not."""
         self.moving = True
-        for conn in self.nodes.connections():
-            self.nodes.withdraw(conn)
-        self._entries = {}  # the snapshot's entries list their models: all made again
         effects: list[Effect] = [NodesChanged()]
+        for conn in self.nodes.connections():
+            if not conn.moving:
+                self.nodes.withdraw(conn)
+                # No lease is granted on it any more, whoever asks (leases check the facts).
+                effects.append(NodeFactsChanged(conn.node_id, conn.conn_id, gone=True))
+        self._entries = {}  # the snapshot's entries list their models: all made again
         for conn in self.nodes.connections():
             if now or not conn.tasks:
                 effects.append(_move_close(conn))
@@ -327,7 +330,10 @@ class Owner:
                 entry = NodeEntry(
                     node_id=c.node_id,
                     conn_id=c.conn_id,
-                    models=sorted(c.models),
+                    # A moving node still says what it serves: peers asking for its model
+                    # look again (its lease facts are gone) until it is back elsewhere,
+                    # rather than hearing that no node serves the model at all.
+                    models=sorted(c.advertised if c.moving and not c.backend_down else c.models),
                     max_parallel=c.max_parallel,
                     in_flight=c.in_flight,
                     vram_gb=c.vram_gb,

@@ -25,13 +25,19 @@ from coordinator.settings import Settings
 from protocol import MAX_FRAME_BYTES
 
 
+#: after the drain, how long open HTTP connections get before Hypercorn closes them
+HTTP_CLOSE_S = 1.0
+
+
 def hypercorn_config(host: str, port: int) -> Config:
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.websocket_max_message_size = MAX_FRAME_BYTES
-    # What Hypercorn waits for once the drain (runtime/drain.py) is done: by then every
-    # request has ended, so this only bounds a client that does not read its last bytes.
-    config.graceful_timeout = 5.0
+    # What Hypercorn waits for once the drain (runtime/drain.py) is done: by then every task
+    # request has ended, so this only bounds idle keep-alive connections (measured: Hypercorn
+    # 0.18 left a client's idle one open until this ran out, 5 s, on every restart) and a
+    # client slow to read its last bytes.
+    config.graceful_timeout = HTTP_CLOSE_S
     # One access line per request only at debug level (-v): at INFO it would cost every
     # request a formatted line. Either way it goes through the root handler's format.
     debug = logging.getLogger().isEnabledFor(logging.DEBUG)
@@ -132,6 +138,7 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
                 reason = getattr(reason, "strerror", None) or reason
                 raise StartupRefused(f"cannot listen on {host}:{port}: {reason}") from None
             # A graceful stop: the instance leaves and releases its lock, within a bound.
+            logging.getLogger("gemmanet.serve").info("HTTP server stopped; leaving the cluster")
             watching.cancel()
             trimming.cancel()
             stop.set()

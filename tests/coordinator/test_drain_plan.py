@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from coordinator.core.drain import ENDING_BOUND_S, Done, DrainPhase, DrainPlan, EndRemaining, Wait
-from coordinator.errors import NoNodeForModel
 from protocol import CloseCode, Result
 from tests.coordinator.machine_harness import MachineCluster
 from tests.coordinator.test_cluster_machine import outcome
@@ -87,11 +84,16 @@ def test_a_draining_instance_moves_each_node_once_idle_and_places_nothing_more_o
     # The idle node moves at once; the busy one keeps its task.
     assert idle.closed_with == CloseCode.MOVE and busy.closed_with is None
     cluster.share_snapshots()
-    # B's view of A no longer offers the busy node, though it has room: a new request for its
-    # model finds no node (B has none), rather than a node about to go.
-    with pytest.raises(NoNodeForModel):
-        cluster.submit("B", "t2")
-    assert list(busy.running) == ["t1"]
+    # B still sees A's node serve the model (it is about to be back elsewhere), but no lease
+    # is granted on it: B's new request looks again instead of hearing "no node serves it",
+    # and runs on the first node that comes up.
+    cluster.submit("B", "t2")
+    cluster.deliver()
+    assert list(busy.running) == ["t1"] and outcome(cluster, "t2") == []
+    elsewhere = cluster.connect("B", "elsewhere", max_parallel=4)
+    cluster.tick(0.3)
+    cluster.deliver()
+    assert "t2" in elsewhere.running
     # Its last task done, the busy node is told to move too; the answer reached B first.
     cluster.node_says(busy.conn_id, Result(task_id="t1", output="p", chunks=0))
     assert busy.closed_with == CloseCode.MOVE

@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from coordinator.coordination import RateLimits
-from coordinator.core.effects import Effect, TaskEvent
+from coordinator.core.effects import Effect, FailedEvent, MovedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.task_content import check_content_fits
 from coordinator.errors import GemmaNetError, InstanceShuttingDown, NodeDisconnected, StoreError
@@ -161,6 +161,9 @@ class TaskRequests:
         try:
             with inst.drain.placing() as placing:
                 await inst.carry_out(inst.machine.submit(assign, deadline, inst.clock(), key_id))
+                placement = inst.machine.requester.placement(task_id)
+                if placement is None and inst.machine.requester.model_of(task_id) is not None:
+                    placement = await _placed_meanwhile(receive, deadline)
             if placing.cancelled_caught:  # the drain window ended while it waited for room
                 raise InstanceShuttingDown(
                     "the coordinator instance shut down before a node was free; retry on "
@@ -171,7 +174,6 @@ class TaskRequests:
             outcome = exc.code if isinstance(exc, GemmaNetError) else "client_gone"
             inst.apply(inst.machine.request_ended(task_id, outcome, inst.clock()))
             raise
-        placement = inst.machine.requester.placement(task_id)
         if placement is None:
             # Every node it was placed on turned out gone before any of them saw it: the
             # request gets that error now, like a placement that found no node at all.
@@ -244,3 +246,20 @@ class TaskRequests:
             raise
         finally:
             await self.end(handle, outcome)
+
+
+async def _placed_meanwhile(
+    events: trio.MemoryReceiveChannel[TaskEvent], deadline: float
+) -> tuple[str, str, str] | None:
+    """Where a task went that was refused while its own dispatch was still under way (its
+    owner answered before the bus confirmed the send, e.g. a node moving off a draining
+    instance): the request is placed again in the background, and hears where in a
+    ``MovedEvent``, or why not in a ``FailedEvent`` (raised). None: nothing by ``deadline``."""
+    with trio.move_on_at(deadline):
+        while True:
+            event = await events.receive()
+            if isinstance(event, MovedEvent):
+                return event.node_id, event.conn_id, event.owner_instance
+            if isinstance(event, FailedEvent):
+                raise event.error
+    return None
