@@ -24,7 +24,6 @@ from coordinator.server.listen import check_port_free
 from coordinator.settings import Settings
 from protocol import MAX_FRAME_BYTES
 
-
 #: after the drain, how long open HTTP connections get before Hypercorn closes them
 HTTP_CLOSE_S = 1.0
 
