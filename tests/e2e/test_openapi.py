@@ -32,6 +32,8 @@ UNPROVOKED = {
     ("/api/v1/cluster", "get", "503"),
     (TELEMETRY, "get", "503"),
     (USAGE, "get", "503"),
+    # A draining instance (tests/e2e/test_drain.py checks that body).
+    ("/readyz", "get", "503"),
 }
 RATE = 4  # requests per minute per key: the 429 probe exhausts it on its own key
 
@@ -81,6 +83,7 @@ async def provoke_everything(procs: Processes, coord: Coordinator, calls: Record
 
     await calls.send("GET", "/")
     await calls.send("GET", "/healthz")
+    await calls.send("GET", "/readyz")
     await calls.send("GET", "/api/v1/status")
     await calls.send("GET", "/api/v1/nodes")  # 401
     async with trio.open_nursery() as nursery, raw_node(coord.url, "a", procs.enroll("a")) as a:
