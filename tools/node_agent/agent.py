@@ -197,7 +197,7 @@ class NodeAgent:
             if self._drain_requested.is_set():
                 break
             delay = dialing.after(welcomed=welcomed, close_code=self._closed_with)
-            if delay == 0:
+            if delay == 0 and self._closed_with == CloseCode.MOVE:
                 log.info("told to move: connecting to %s now", dialing.url)
                 continue
             log.info("reconnecting in %.2f s (attempt %d)", delay, dialing.failures)
