@@ -17,6 +17,9 @@
   ``--py-spy DIR`` profiles each instance (``_profile.py``).
 * ``python -m tools.bench.failover`` — ``kill -9`` of the instance running tasks, time until
   each client gets its 502.
+* ``python -m tools.bench.rolling_restart`` — every instance restarted in turn (SIGTERM, exit,
+  start) under plain and streamed load: failures (none expected), retries, exit and
+  reconnect times.
 
 Each starts its own coordinator, node and ``redis-server`` processes on free loopback ports
 (``_harness.py``), and kills them on exit (Ctrl-C included). The box they run on is usually
@@ -27,6 +30,7 @@ throughput.py      closed-loop request against /healthz (or streamed chunks), si
 stream.py          throughput --stream under its own name
 cross_instance.py  the cross-instance hop against a local request, on each bus client
 failover.py        how fast a client learns that its task's instance is gone (kill -9)
+rolling_restart.py a rolling restart under load: nothing lost, nodes back at once
 scale.py           the cost of a cluster as its number of nodes grows
 scale_fleet.py     thousands of light nodes in one process, for scale.py
 channels_probe.py  Django Channels' Redis pub/sub layer doing the same round trip (the peer)
