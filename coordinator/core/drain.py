@@ -71,6 +71,10 @@ class DrainPlan:
         self.deadline = math.inf
         self._ending_until = math.inf
         self._forced = False
+        #: how long to stay once the last node moved away (``begin``)
+        self._settle_s = 0.0
+        self._had_nodes = False
+        self._idle_since: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -82,13 +86,16 @@ class DrainPlan:
         """Whether a new request may begin."""
         return self.phase is DrainPhase.SERVING
 
-    def begin(self, now: float, window_s: float) -> None:
+    def begin(self, now: float, window_s: float, *, settle_s: float = 0.0) -> None:
         """The first SIGTERM: drain for at most ``window_s``. Called again (a second signal),
-        the window ends now."""
+        the window ends now. ``settle_s``: once nodes moved away, stay (in the registry,
+        listing them as moving) this long, so peers read their new instance before this one
+        stops listing them (within the window)."""
         if self.phase is DrainPhase.SERVING:
             self.phase = DrainPhase.DRAINING
             self.began_at = now
             self.deadline = now + max(0.0, window_s)
+            self._settle_s = max(0.0, settle_s)
         else:
             self.hurry(now)
 
@@ -105,9 +112,16 @@ class DrainPlan:
         if self.phase is DrainPhase.SERVING:
             return Wait(math.inf)
         if self.phase is DrainPhase.DRAINING:
+            self._had_nodes = self._had_nodes or nodes > 0
             if requests == 0 and nodes == 0 and releases == 0:
-                self.phase = DrainPhase.DONE
-                return Done(clean=True)
+                if self._idle_since is None:
+                    self._idle_since = now
+                settled_at = self._idle_since + (self._settle_s if self._had_nodes else 0.0)
+                if now >= min(settled_at, self.deadline):
+                    self.phase = DrainPhase.DONE
+                    return Done(clean=True)
+                return Wait(min(settled_at, self.deadline))
+            self._idle_since = None
             if now >= self.deadline:
                 self.phase = DrainPhase.ENDING
                 self._ending_until = now + ENDING_BOUND_S

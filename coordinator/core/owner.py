@@ -71,6 +71,10 @@ class Owner:
         #: the instance drains (``move_nodes``): its nodes take no new task, and each is told
         #: to move (4004) once its tasks are done
         self.moving = False
+        # Connections that moved away while draining: still listed in the snapshot (as
+        # moving) until this instance leaves, so a peer that has not yet read the node's new
+        # instance looks again rather than finding no node for its model.
+        self._moved: dict[str, NodeConnection] = {}
 
     # -- node connections -------------------------------------------------------------------
 
@@ -132,6 +136,8 @@ class Owner:
         return CloseNode(conn.conn_id, CloseCode.REPLACED, reason)
 
     def _lose(self, conn: NodeConnection, why: str) -> list[Effect]:
+        if self.moving:
+            self._moved[conn.conn_id] = conn
         effects: list[Effect] = [
             ReleaseOwnership(conn.node_id, conn.conn_id),
             NodesChanged(),
@@ -320,7 +326,7 @@ class Owner:
         if last is not None and last[0] == self.nodes.changes and last[1].in_flight == in_flight:
             return last[1]
         entries: dict[str, NodeEntry] = {}
-        for c in self.nodes.connections():
+        for c in [*self.nodes.connections(), *self._moved.values()]:
             entry = self._entries.get(c.conn_id)
             if (
                 entry is None

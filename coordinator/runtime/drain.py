@@ -50,9 +50,11 @@ class DrainHost(Protocol):
 
 
 class Drain:
-    def __init__(self, host: DrainHost, window_s: float) -> None:
+    def __init__(self, host: DrainHost, window_s: float, *, settle_s: float = 0.0) -> None:
         self._host = host
         self.window_s = window_s
+        #: once its nodes moved away, how long the instance stays listing them (core/drain.py)
+        self.settle_s = settle_s
         self.plan = DrainPlan()
         # Requests being placed (a lease, the queue, a dispatch): cancelled when the window
         # ends, so a queued request ends then rather than at its queue timeout.
@@ -95,7 +97,7 @@ class Drain:
     def begin(self) -> None:
         """The first SIGTERM (a second call: ``hurry``)."""
         first = not self.started
-        self.plan.begin(self._host.clock(), self.window_s)
+        self.plan.begin(self._host.clock(), self.window_s, settle_s=self.settle_s)
         if first:
             log.info(
                 "draining: %d request(s) in flight, %d node(s) connected, up to %g s",

@@ -162,7 +162,9 @@ class Instance:
         )
         self.membership.on_forgotten = self.node_facts.rewrite_all
         #: SIGTERM's drain (runtime/drain.py; ``gemmanet serve`` starts it)
-        self.drain = Drain(self, settings.drain_s)
+        # Peers read our snapshot every beat: two beats after our nodes moved, they know
+        # where the nodes went.
+        self.drain = Drain(self, settings.drain_s, settle_s=2 * settings.beat_s)
         self.telemetry = NodeTelemetry(
             coordination.telemetry, interval_s=settings.telemetry_interval_s
         )

@@ -126,3 +126,40 @@ def test_a_node_may_move_with_its_tasks_when_the_window_is_over() -> None:
     assert node.closed_with is None
     cluster.apply("A", machine.move_nodes(cluster.now, at_once=True))
     assert node.closed_with == CloseCode.MOVE
+
+
+def test_after_its_nodes_moved_it_stays_until_peers_have_read_where_they_went() -> None:
+    plan = DrainPlan()
+    plan.begin(0.0, 30.0, settle_s=1.0)
+    assert plan.step(0.0, requests=0, nodes=3, releases=0) == Wait(30.0)
+    assert plan.step(0.2, **IDLE) == Wait(1.2)  # the last node just moved
+    assert plan.step(1.2, **IDLE) == Done(clean=True)
+    # With no node to move there is nothing to wait for; nor past the window.
+    bare = DrainPlan()
+    bare.begin(0.0, 30.0, settle_s=1.0)
+    assert bare.step(0.1, **IDLE) == Done(clean=True)
+    late = DrainPlan()
+    late.begin(0.0, 0.5, settle_s=1.0)
+    late.step(0.0, requests=0, nodes=1, releases=0)
+    assert late.step(0.4, **IDLE) == Wait(0.5)
+    assert late.step(0.5, **IDLE) == Done(clean=True)
+
+
+def test_a_moved_node_stays_listed_as_serving_its_model_until_the_instance_leaves() -> None:
+    """The gap between a node leaving a draining instance and a peer reading its new one: the
+    peer still sees the model served (by a moving node, no lease on it), so it looks again
+    rather than answering no_node_for_model."""
+    cluster = MachineCluster("A", "B")
+    node = cluster.connect("A", "n1")
+    a = cluster.machines["A"]
+    cluster.apply("A", a.move_nodes(cluster.now))
+    assert node.closed_with == CloseCode.MOVE
+    cluster.apply("A", a.node_disconnected(node.conn_id, "moved", cluster.now))
+    cluster.share_snapshots()
+    [entry] = a.snapshot().nodes
+    assert entry.node_id == "n1" and entry.models == ["m"]
+    cluster.submit("B", "t1")  # no NoNodeForModel: it waits for the node to come back
+    back = cluster.connect("B", "n1-again")
+    cluster.tick(0.3)
+    cluster.deliver()
+    assert "t1" in back.running
