@@ -74,6 +74,8 @@ class Load:
         self.retried = 0
         self.failures: list[str] = []
         self.stop = trio.Event()
+        #: the last restart step and when (for the failures' report)
+        self.last_event = ("start", time.monotonic())
 
     async def client(self, http: httpx.AsyncClient, k: int) -> None:
         n = 0
@@ -94,7 +96,11 @@ class Load:
             if verdict in self.answered:
                 self.answered[verdict] += 1
             else:
-                self.failures.append(verdict)
+                since = time.monotonic() - self.last_event[1]
+                where = f"instance {(k + n + attempt) % len(self.urls)}"
+                self.failures.append(
+                    f"{verdict} ({where}, {since:.2f} s after {self.last_event[0]})"
+                )
             n += 1
 
     async def _one(self, http: httpx.AsyncClient, url: str, prompt: str, stream: bool) -> str:
@@ -180,8 +186,10 @@ async def run(args: argparse.Namespace, harness: Harness) -> dict[str, Any]:
                 old, other = coords[name], coords[names[(index + 1) % len(names)]]
                 old.proc.popen.send_signal(signal.SIGTERM)
                 termed = time.monotonic()
+                load.last_event = (f"SIGTERM to {name}", termed)
                 code = await trio.to_thread.run_sync(lambda o=old: o.proc.popen.wait(timeout=60))
                 left = time.monotonic()
+                load.last_event = (f"{name} exited", left)
                 exits.append(left - termed)
                 if code != 0:
                     load.failures.append(f"{name} exited with {code}")
@@ -196,6 +204,7 @@ async def run(args: argparse.Namespace, harness: Harness) -> dict[str, Any]:
                 coords[name] = await trio.to_thread.run_sync(
                     lambda n=name: _start(harness, n, ports[n], args.drain_s)
                 )
+                load.last_event = (f"{name} restarted", time.monotonic())
                 await trio.sleep(1.0)
         load.stop.set()
         await trio.sleep(1.0)
