@@ -7,6 +7,7 @@ cli_help.py       its help: the settings each command lists, -v on every command
 cli_keys.py       ``gemmanet keys list|revoke|rotate`` and ``gemmanet nodes list|revoke``
 settings.py       GEMMANET_* environment settings
 settings_docs.py  what each setting means, for the generated reference (docs/interface.md)
+settings_values.py  how each setting's text becomes its value (the parsers VARIABLES names)
 capacity.py       the operator file: per-node budgets and the model catalog
 logging_setup.py  GEMMANET_LOG_FORMAT: the root log handler, text or one JSON object per line
 log_redaction.py  the filter that masks secrets in every log line

@@ -32,7 +32,9 @@ error code and, where a node socket closes because of it, its close code.
     │   │   │                           cannot be reached (raised by the backends)
     │   │   └── CoordinationTimeout         it did not answer in time: slow, not known down
     │   ├── CoordinationDown            coordination_unavailable: a request failed for it
-    │   └── StoreUnavailable*           store_unavailable
+    │   ├── StoreUnavailable*           store_unavailable
+    │   ├── InstanceDraining            instance_draining: this instance stops; retry elsewhere
+    │   └── InstanceShuttingDown        instance_shutting_down: its drain window ran out
     ├── TaskTimedOut                504 task_timeout
     └── StoreError                  500 store_error          the durable store failed
         (* also a StoreError: ``except StoreError`` catches every store failure)
@@ -58,6 +60,8 @@ __all__ = [
     "CoordinationUnavailable",
     "Forbidden",
     "GemmaNetError",
+    "InstanceDraining",
+    "InstanceShuttingDown",
     "InvalidFields",
     "KeyRevoked",
     "MalformedJson",
@@ -264,6 +268,20 @@ class CoordinationDown(Unavailable):
     backend call never swallows a request's failure raised deeper down."""
 
     code = "coordination_unavailable"
+
+
+class InstanceDraining(Unavailable):
+    """This instance is draining (it got SIGTERM): a new request is refused before any work
+    begins, so a load balancer can send it to another instance at once."""
+
+    code = "instance_draining"
+
+
+class InstanceShuttingDown(Unavailable):
+    """The drain window ran out before the request's task ended: the request (a stream: its
+    last event) ends with this rather than being cut off."""
+
+    code = "instance_shutting_down"
 
 
 class TaskTimedOut(GemmaNetError):

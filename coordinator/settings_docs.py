@@ -133,6 +133,9 @@ MEANINGS: dict[str, str] = {
     "store; past it the least recently recorded go first",
     "affinity_lookup_timeout_s": "how long (0.001–5 s) a request waits for the prediction; a "
     "slower or failing store places it by load alone, never fails it",
+    "drain_s": "on SIGTERM, how long requests in flight get to end (0–3600; never past a "
+    "task's own timeout) before what remains ends with `503 instance_shutting_down` "
+    "([operations](operations.md))",
     "GEMMANET_LOG_FORMAT": EXTRA_VARIABLES["GEMMANET_LOG_FORMAT"][1],
 }
 
@@ -165,6 +168,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "max_active_per_key",
             "residency_stale_s",
             "lease_ttl_s",
+            "drain_s",
         ),
     ),
     (

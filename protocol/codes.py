@@ -31,6 +31,9 @@ class CloseCode(enum.IntEnum):
     PROTOCOL_ERROR = 4002
     # Extension: the node stayed silent past its heartbeat deadline; the agent reconnects.
     HEARTBEAT_TIMEOUT = 4003
+    # Extension: the coordinator instance is going away (a drain, e.g. on SIGTERM) once the
+    # node's tasks are done: reconnect now, to another coordinator (no backoff).
+    MOVE = 4004
 
 
 # A node agent closed with one of these must not reconnect.

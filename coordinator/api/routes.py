@@ -117,8 +117,13 @@ async def task_request(struct: type[S]) -> tuple[Instance, ApiKey, S]:
     keep-alive connection must not be left with an unread body), the key authenticated, its
     rate limit spent (one budget across every route), then the body decoded strictly."""
     data = await read_raw_body()
-    api_key = await authenticate()
     inst = instance()
+    # A draining instance refuses before any work (no key lookup, no rate limit spent): a
+    # load balancer retries it elsewhere (docs/operations.md).
+    refusal = inst.drain.refusal()
+    if refusal is not None:
+        raise refusal
+    api_key = await authenticate()
     await inst.requests.check_rate_limit(api_key.key_id)
     inst.admissions.note_key(api_key.key_id, api_key.name, api_key.priority)
     return inst, api_key, decode_body(data, struct)
@@ -167,7 +172,18 @@ def register_routes(app: Quart) -> None:
     @document_response(HealthResponse)
     @_errors()
     async def healthz() -> Response:
-        """Liveness: 200 while the process serves."""
+        """Liveness: 200 while the process serves (draining included)."""
+        return json_response(HealthResponse(ok=True))
+
+    @app.get("/readyz")
+    @document_response(HealthResponse)
+    @_errors(503)
+    async def readyz() -> Response:
+        """Readiness: 200 while this instance takes requests; 503 `instance_draining` from
+        the moment it starts draining (SIGTERM), so a load balancer stops sending to it."""
+        refusal = instance().drain.refusal()
+        if refusal is not None:
+            raise refusal
         return json_response(HealthResponse(ok=True))
 
     @app.get("/api/v1/status")
@@ -256,6 +272,7 @@ ROOT_LINKS = (
     ("openapi", "/openapi.json"),
     ("system_health", "/system-health"),
     ("healthz", "/healthz"),
+    ("readyz", "/readyz"),
     ("status", "/api/v1/status"),
 )
 _ROOT_PAGE_HEADERS = {

@@ -62,7 +62,7 @@ class RootResponse(_Response):
     version: str
     # Where the documentation lives: the API (/openapi.json) and the source's interface guide.
     docs: str
-    # name -> path on this server: openapi, system_health, healthz, status.
+    # name -> path on this server: openapi, system_health, healthz, readyz, status.
     links: dict[str, str]
 
 

@@ -8,6 +8,7 @@
     admission.py         a request waiting for a lease: ask again, wait, pass a wake, give up
     admission_decisions.py  what the admission machine decides (one class per decision)
     admission_errors.py  the errors a request waiting for a lease fails with
+    drain.py             an instance's drain (SIGTERM): refuse, wait, end what remains, go
     retries.py           when to make a store call again (a timeout, a failed release), when not
     placement.py         which node gets a task
     fit.py               whether a model can ever fit on the nodes serving it

@@ -302,6 +302,11 @@ class InstanceMachine:
         """The node's identity is owned by a newer connection elsewhere now."""
         return self._route(self.owner.replaced(conn_id, node_id), now)
 
+    def move_nodes(self, now: float, *, at_once: bool = False) -> list[Effect]:
+        """The instance drains: its nodes take no new task and move (4004) once idle, or
+        ``at_once``. (core/drain.py decides when.)"""
+        return self._route(self.owner.move_nodes(now=at_once), now)
+
     def node_envelope(self, conn_id: str, envelope: object, now: float) -> list[Effect]:
         return self._route(self.owner.node_envelope(conn_id, envelope, now), now)
 

@@ -40,6 +40,8 @@ class NodeConnection:
     backend_down: str | None = None
     #: the models of its hello (what ``models`` is while the backend answers); default: models
     advertised: frozenset[str] = frozenset()
+    #: its instance drains: it serves nothing more here (``NodeTable.withdraw``)
+    moving: bool = False
 
     def __post_init__(self) -> None:
         if not self.advertised:
@@ -152,7 +154,7 @@ class NodeTable:
         if listed:
             self._unlist(conn)
         conn.backend_down = problem
-        conn.models = frozenset() if problem is not None else conn.advertised
+        conn.models = frozenset() if problem is not None or conn.moving else conn.advertised
         if listed:
             for model in conn.models:
                 self._serving.setdefault(model, Pool()).add(conn.conn_id, conn)
@@ -160,6 +162,18 @@ class NodeTable:
         self.changes += 1
         self.roster_changes += 1
         return True
+
+    def withdraw(self, conn: NodeConnection) -> None:
+        """``conn`` takes no new task (its instance drains): placement passes it by, here and,
+        through the snapshot, on the peers. Its running tasks go on."""
+        if conn.moving:
+            return
+        if self._by_conn.get(conn.conn_id) is conn and self._by_node.get(conn.node_id) is conn:
+            self._unlist(conn)
+        conn.moving = True
+        conn.models = frozenset()
+        self.changes += 1
+        self.roster_changes += 1
 
     def models(self) -> set[str]:
         """The models some connection here serves."""

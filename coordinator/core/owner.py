@@ -68,6 +68,13 @@ class Owner:
             Verdict.UNKNOWN_TASK: 0,
             Verdict.DUPLICATE: 0,
         }
+        #: the instance drains (``move_nodes``): its nodes take no new task, and each is told
+        #: to move (4004) once its tasks are done
+        self.moving = False
+        # Connections that moved away while draining: still listed in the snapshot (as
+        # moving) until this instance leaves, so a peer that has not yet read the node's new
+        # instance looks again rather than finding no node for its model.
+        self._moved: dict[str, NodeConnection] = {}
 
     # -- node connections -------------------------------------------------------------------
 
@@ -104,11 +111,33 @@ class Owner:
         replace = BusReplace(node_id=conn.node_id, conn_id=old_conn, new_instance=self.me)
         return [Publish(old_instance, replace, give_up_at=now + REPLACE_GIVE_UP_S)]
 
+    def move_nodes(self, *, now: bool = False) -> list[Effect]:
+        """The instance drains: no new task goes to its nodes (here or from peers, whose
+        placements see them serve nothing), and each is told to move once idle; ``now``: every
+        one at once, tasks or not."""
+        self.moving = True
+        effects: list[Effect] = [NodesChanged()]
+        for conn in self.nodes.connections():
+            if not conn.moving:
+                self.nodes.withdraw(conn)
+                # No lease is granted on it any more, whoever asks (leases check the facts).
+                effects.append(NodeFactsChanged(conn.node_id, conn.conn_id, gone=True))
+        self._entries = {}  # the snapshot's entries list their models: all made again
+        for conn in self.nodes.connections():
+            if now or not conn.tasks:
+                effects.append(_move_close(conn))
+        return effects
+
+    def _moved_if_idle(self, conn: NodeConnection) -> list[Effect]:
+        return [_move_close(conn)] if self.moving and not conn.tasks else []
+
     def _replaced_close(self, conn: NodeConnection) -> CloseNode:
         reason = f"replaced by a newer connection of node {conn.node_id}"
         return CloseNode(conn.conn_id, CloseCode.REPLACED, reason)
 
     def _lose(self, conn: NodeConnection, why: str) -> list[Effect]:
+        if self.moving:
+            self._moved[conn.conn_id] = conn
         effects: list[Effect] = [
             ReleaseOwnership(conn.node_id, conn.conn_id),
             NodesChanged(),
@@ -149,11 +178,13 @@ class Owner:
             self.dropped[verdict] += 1
             return []
         out: BusChunk | BusResult
+        moved: list[Effect] = []
         if isinstance(envelope, Chunk):
             out = BusChunk(task_id=task_id, conn_id=conn_id, seq=envelope.seq, delta=envelope.delta)
         else:
             self.forwarding.remove(task_id)
             self.nodes.end_task(conn, task_id)
+            moved = self._moved_if_idle(conn)
             if isinstance(envelope, Result):
                 out = stamped(
                     BusResult(
@@ -173,7 +204,8 @@ class Owner:
                     task_id=task_id, node_id=conn.node_id, conn_id=conn_id, failure=failure
                 )
         return [
-            Publish(forward.reply_to, out, give_up_at=forward.expires_at, unreached_task=task_id)
+            Publish(forward.reply_to, out, give_up_at=forward.expires_at, unreached_task=task_id),
+            *moved,
         ]
 
     # -- requests from requesters -----------------------------------------------------------
@@ -189,6 +221,9 @@ class Owner:
             ]
         if self.forwarding.known(envelope.task_id, envelope.conn_id):
             return []  # a replayed assign
+        if self.moving:
+            message = f"node {conn.node_id} is moving: its instance is draining"
+            return [self._refuse(envelope, TaskErrorCode.NODE_DRAINING, message, now)]
         if conn.backend_down is not None:
             # Placed from a view older than the node's word: the requester places it elsewhere.
             message = f"node {conn.node_id} cannot reach its model backend: {conn.backend_down}"
@@ -233,7 +268,8 @@ class Owner:
         if conn is None:
             return []
         self.nodes.end_task(conn, forward.task_id)
-        return [SendToNode(conn.conn_id, Cancel(task_id=forward.task_id, reason=reason))]
+        cancel = SendToNode(conn.conn_id, Cancel(task_id=forward.task_id, reason=reason))
+        return [cancel, *self._moved_if_idle(conn)]
 
     # -- supervision ------------------------------------------------------------------------
 
@@ -290,7 +326,7 @@ class Owner:
         if last is not None and last[0] == self.nodes.changes and last[1].in_flight == in_flight:
             return last[1]
         entries: dict[str, NodeEntry] = {}
-        for c in self.nodes.connections():
+        for c in [*self.nodes.connections(), *self._moved.values()]:
             entry = self._entries.get(c.conn_id)
             if (
                 entry is None
@@ -300,7 +336,10 @@ class Owner:
                 entry = NodeEntry(
                     node_id=c.node_id,
                     conn_id=c.conn_id,
-                    models=sorted(c.models),
+                    # A moving node still says what it serves: peers asking for its model
+                    # look again (its lease facts are gone) until it is back elsewhere,
+                    # rather than hearing that no node serves the model at all.
+                    models=sorted(c.advertised if c.moving and not c.backend_down else c.models),
                     max_parallel=c.max_parallel,
                     in_flight=c.in_flight,
                     vram_gb=c.vram_gb,
@@ -318,3 +357,8 @@ class Owner:
         )
         self._last_snapshot = (self.nodes.changes, snapshot)
         return snapshot
+
+
+def _move_close(conn: NodeConnection) -> CloseNode:
+    reason = "coordinator instance draining: reconnect to another one now"
+    return CloseNode(conn.conn_id, CloseCode.MOVE, reason)

@@ -3,6 +3,7 @@
 instance.py         one coordinator instance: the driver of the cluster machine
 instance_status.py  what the API reads of the cluster through it: status, nodes, telemetry
 lifecycle.py        revocations honoured here (keys' cache, nodes' sockets), last used/seen
+drain.py            SIGTERM's drain carried out: refusals, the window, the end of what remains
 batched.py          group commit: store writes of callers arriving together, one bulk call
 metrics.py          the instance's Prometheus metrics (its own registry) and what they mean
 log_context.py      the ids log lines carry (instance, task, node, request), in contextvars

@@ -72,6 +72,7 @@ from coordinator.runtime.cluster.membership import Membership
 from coordinator.runtime.cluster.ownership import Ownership, refresh_turns
 from coordinator.runtime.cluster.single_instance_lock import refuse_a_running_id
 from coordinator.runtime.cluster.supervision import Supervisor
+from coordinator.runtime.drain import Drain
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.nodes.facts import NodeFactsWriter
@@ -168,6 +169,9 @@ class Instance:
             self.instance_id, settings.capacity, coordination.leases, self.machine.owner.nodes
         )
         self.membership.on_forgotten = self.node_facts.rewrite_all
+        #: SIGTERM's drain (runtime/drain.py, started by ``gemmanet serve``); it settles two
+        #: beats after our nodes moved, by when every peer has read where they went
+        self.drain = Drain(self, settings.drain_s, settle_s=2 * settings.beat_s)
         self.telemetry = NodeTelemetry(
             coordination.telemetry, interval_s=settings.telemetry_interval_s
         )
@@ -232,6 +236,9 @@ class Instance:
         process never gets here; its closed inbox tells the peers.)"""
         await self.membership.leave()
 
+    def releases_in_flight(self) -> int:
+        return self.admissions.releasing
+
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{self._ids.getrandbits(96):024x}"
 
@@ -280,10 +287,8 @@ class Instance:
                 self._publish(effect)
             elif isinstance(effect, Dispatch):
                 self._spawn(self._dispatch_in_background, effect)
-            elif isinstance(effect, CloseNode):
-                link = self._links.get(effect.conn_id)
-                if link is not None:
-                    link.request_close(effect.code, effect.reason)
+            elif isinstance(effect, CloseNode) and effect.conn_id in self._links:
+                self._links[effect.conn_id].request_close(effect.code, effect.reason)
             elif isinstance(effect, NodesChanged):
                 self.membership.snapshot_changed()
             elif isinstance(effect, ReleaseOwnership):

@@ -18,18 +18,26 @@ from coordinator.core.fit import host_budget_problems, request_needs
 from coordinator.core.liveness import FAILOVER_PROMISE_S, store_outage_problem
 from coordinator.errors import SettingsError, StartupRefused, StoreError
 from coordinator.monitor.timing import check_monitor_bound
+from coordinator.runtime.instance import Instance
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.server import gc_tuning, heap_trim
 from coordinator.server.listen import check_port_free
 from coordinator.settings import Settings
 from protocol import MAX_FRAME_BYTES
 
+#: after the drain, how long open HTTP connections get before Hypercorn closes them
+HTTP_CLOSE_S = 1.0
+
 
 def hypercorn_config(host: str, port: int) -> Config:
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.websocket_max_message_size = MAX_FRAME_BYTES
-    config.graceful_timeout = 5.0
+    # What Hypercorn waits for once the drain (runtime/drain.py) is done: by then every task
+    # request has ended, so this only bounds idle keep-alive connections (measured: Hypercorn
+    # 0.18 left a client's idle one open until this ran out, 5 s, on every restart) and a
+    # client slow to read its last bytes.
+    config.graceful_timeout = HTTP_CLOSE_S
     # One access line per request only at debug level (-v): at INFO it would cost every
     # request a formatted line. Either way it goes through the root handler's format.
     debug = logging.getLogger().isEnabledFor(logging.DEBUG)
@@ -96,11 +104,26 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
         shutdown = trio.Event()
         watching = trio.CancelScope()
 
-        async def watch_signals() -> None:
+        async def watch_signals(instance: Instance, nursery: trio.Nursery) -> None:
+            # SIGTERM drains (docs/operations.md); SIGINT, or a second signal, stops at once
+            # (what is still in flight ends with the shutdown error, never a silent cut).
             with watching, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    shutdown.set()
-                    return
+                async for signum in signals:
+                    if instance.drain.started or signum == signal.SIGINT:
+                        instance.drain.hurry()
+                    else:
+                        instance.drain.begin()
+                    if not draining.is_set():
+                        draining.set()
+                        nursery.start_soon(drain_then_stop, instance)
+
+        draining = trio.Event()
+
+        async def drain_then_stop(instance: Instance) -> None:
+            # Hypercorn serves on while draining: /readyz says 503, new requests are refused
+            # with 503 instance_draining, the streams in flight run on.
+            await instance.drain.run()
+            shutdown.set()
 
         stop = trio.Event()
         trimming = trio.CancelScope()
@@ -115,7 +138,7 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
             # What start-up built is frozen out of the collector's scans from now on.
             gc_tuning.pauses.append(instance.metrics.gc_pause)
             gc_tuning.freeze_startup()
-            nursery.start_soon(watch_signals)
+            nursery.start_soon(watch_signals, instance, nursery)
             # Free memory of the C heaps goes back to the OS (coordinator/server/heap_trim.py).
             nursery.start_soon(trim_heap)
             try:
@@ -126,6 +149,7 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
                 reason = getattr(reason, "strerror", None) or reason
                 raise StartupRefused(f"cannot listen on {host}:{port}: {reason}") from None
             # A graceful stop: the instance leaves and releases its lock, within a bound.
+            logging.getLogger("gemmanet.serve").info("HTTP server stopped; leaving the cluster")
             watching.cancel()
             trimming.cancel()
             stop.set()

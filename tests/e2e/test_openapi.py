@@ -43,6 +43,8 @@ UNPROVOKED = {
     (ROTATE_KEY, "post", "503"),
     (ADMIN_NODES, "get", "503"),
     (REVOKE_NODE, "post", "503"),
+    # A draining instance (tests/e2e/test_drain.py checks that body).
+    ("/readyz", "get", "503"),
 }
 RATE = 4  # requests per minute per key: the 429 probe exhausts it on its own key
 
@@ -92,6 +94,7 @@ async def provoke_everything(procs: Processes, coord: Coordinator, calls: Record
 
     await calls.send("GET", "/")
     await calls.send("GET", "/healthz")
+    await calls.send("GET", "/readyz")
     await calls.send("GET", "/api/v1/status")
     await calls.send("GET", "/api/v1/nodes")  # 401
     async with trio.open_nursery() as nursery, raw_node(coord.url, "a", procs.enroll("a")) as a:

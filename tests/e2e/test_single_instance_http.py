@@ -143,6 +143,7 @@ def test_the_root_points_to_the_docs_and_the_health_routes(setup) -> None:
             "openapi": "/openapi.json",
             "system_health": "/system-health",
             "healthz": "/healthz",
+            "readyz": "/readyz",
             "status": "/api/v1/status",
         }
         assert "docs/interface.md" in body["docs"] and body["version"] == coord.status()["version"]
@@ -152,7 +153,7 @@ def test_the_root_points_to_the_docs_and_the_health_routes(setup) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     for path in ("/openapi.json", "/system-health", "/healthz", "/api/v1/status"):
         assert f'href="{path}"' in page.text, path
-    for path in (body["links"]["openapi"], body["links"]["healthz"]):
+    for path in (body["links"]["openapi"], body["links"]["healthz"], body["links"]["readyz"]):
         assert coord.http.get(path).status_code == 200, path
 
 

@@ -27,6 +27,7 @@ def test_close_codes_keep_their_wire_values() -> None:
         "AUTH_FAILED": 4001,
         "PROTOCOL_ERROR": 4002,
         "HEARTBEAT_TIMEOUT": 4003,
+        "MOVE": 4004,
     }
 
 

@@ -22,6 +22,9 @@
 * ``python -m tools.bench.affinity`` — prefix-affine placement against placement by load,
   side by side: chat conversations on echo nodes that model a KV cache (time to first token,
   prompt tokens the nodes read, the busiest node's share).
+* ``python -m tools.bench.rolling_restart`` — every instance restarted in turn (SIGTERM, exit,
+  start) under plain and streamed load: failures (none expected), retries, exit and
+  reconnect times.
 
 Each starts its own coordinator, node and ``redis-server`` processes on free loopback ports
 (``_harness.py``), and kills them on exit (Ctrl-C included). The box they run on is usually
@@ -34,6 +37,7 @@ cross_instance.py  the cross-instance hop against a local request, on each bus c
 failover.py        how fast a client learns that its task's instance is gone (kill -9)
 revocation.py      how fast a revocation reaches the other instance (keys and nodes)
 affinity.py        prefix affinity on against off, on nodes modelling a prefix cache
+rolling_restart.py a rolling restart under load: nothing lost, nodes back at once
 scale.py           the cost of a cluster as its number of nodes grows
 scale_fleet.py     thousands of light nodes in one process, for scale.py
 channels_probe.py  Django Channels' Redis pub/sub layer doing the same round trip (the peer)

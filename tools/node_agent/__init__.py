@@ -7,7 +7,9 @@ formats, the log line format) and its own modules, never the coordinator: a mode
 without the server's dependencies (tests/coordinator/test_node_agent_imports.py).
 
 cli.py         ``gemmanet node``: flags, validation, signal handling, exit codes
-agent.py       ``NodeAgent``: reconnects, and serves each connection: heartbeats, tasks, drain
+agent.py       ``NodeAgent``: reconnects, and serves each connection: tasks, drain
+reconnect.py   where and when to dial next: the coordinators in turn, at once when told to move
+heartbeats.py  the heartbeats it sends: every interval, and at once when the backend flips
 connection.py  one connection: the hello and its welcome, the socket's single writer, the close
 config.py      ``AgentConfig``, the exits that end the agent, the reconnect backoff
 settings.py    validated settings of one agent, parsed from command-line strings

@@ -3,20 +3,21 @@
 Lifetimes nest like this::
 
     NodeAgent.run                  the backend checked once, then the reconnect loop
-                                   (exponential backoff, full jitter) beside:
+                                   (reconnect.py: the coordinators in turn, at once when
+                                   told to move, else backoff with full jitter) beside:
       BackendHealth.watch          the backend's checks (health.py), for the agent's life
       one connection               hello -> welcome, then a nursery of:
         send_all                   the only writer of the socket (frames never interleave)
-        _heartbeats                Heartbeat(in_flight, resident, telemetry, backend_down)
-                                   every heartbeat_interval_s
-        _report_health             a heartbeat at once when the backend goes down or returns
+        Heartbeats                 every interval, and at once when the backend goes down or
+                                   returns (heartbeats.py)
         _drain_watch               on drain: wait for running tasks, then close with 1000
         _run_task (one per task)   own CancelScope, bounded by the task's timeout_s
         _receive_loop              the body; a silent coordinator (3 intervals) ends it
 
 Losing the connection cancels that nursery, so the tasks of a lost connection die with it (the
 coordinator has already failed them). Close codes 4000 (replaced) and 4001 (bad token) end the
-agent with :class:`AgentExit`; any other loss reconnects.
+agent with :class:`AgentExit`; 4004 (move) dials the next coordinator at once; any other loss
+reconnects to the next one with backoff.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Final
 
-import msgspec
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -48,7 +49,7 @@ from protocol import (
 )
 from protocol.log_lines import bind_log_ids
 from protocol.model_servers import Generation
-from protocol.telemetry import TelemetrySample, encode_sample
+from protocol.telemetry import TelemetrySample
 from tools.node_agent.backends import Backend
 from tools.node_agent.config import (
     AGENT_VERSION,
@@ -66,6 +67,8 @@ from tools.node_agent.connection import (
     why,
 )
 from tools.node_agent.health import BackendHealth
+from tools.node_agent.heartbeats import Heartbeats
+from tools.node_agent.reconnect import Reconnects
 from tools.node_agent.silence import receive_unless_silent
 from tools.node_agent.stats import NodeStats
 from tools.node_agent.task_run import refusal_of, run_task, short
@@ -97,10 +100,7 @@ class NodeAgent:
         health_rng: random.Random | None = None,
     ) -> None:
         self.config = config
-        # The host's latest telemetry sample, sent in every heartbeat (None: send none).
-        self._telemetry = telemetry
         self.backend = backend
-        self._rng = rng
         # Its own generator: the checks' jitter does not shift the reconnect jitter.
         self.health = BackendHealth(
             backend,
@@ -117,14 +117,25 @@ class NodeAgent:
         self._grace_scope: trio.CancelScope | None = None
         self._attempt_scope: trio.CancelScope | None = None
         self._live = False
-        # The heartbeat interval of the current connection (its welcome's, or what the
-        # coordinator asked for since)
-        self._interval = 2.0
+        self.beats = Heartbeats(
+            backend,
+            self.health,
+            config.models,
+            in_flight=lambda: len(self._running),
+            telemetry=telemetry,
+        )
+        #: where and when to dial next (the coordinators in turn)
+        self.dialing = Reconnects(
+            config.ws_urls or (config.ws_url,),
+            rng,
+            initial_s=config.backoff_initial_s,
+            max_s=config.backoff_max_s,
+        )
+        # How the last connection was closed (its close code; None: not by the coordinator).
+        self._closed_with: int | None = None
         # The protocol version of the current connection (its welcome's ``v``): a v1
         # coordinator gets results without usage, finish reason or timings.
         self.protocol = 1
-        # The backend's state as the coordinator last heard it from us (hello or heartbeat).
-        self._said_down: str | None = None
         # Observable counters (logs, tests).
         self.attempts = 0
         self.welcomes = 0
@@ -177,20 +188,19 @@ class NodeAgent:
         log.info("node %s stopped", self.config.node_id)
 
     async def _reconnect(self) -> None:
-        attempt = 0
+        dialing = self.dialing
         while not self._drain_requested.is_set():
-            if await self._connect_once():
-                attempt = 0
+            if len(dialing.urls) > 1:  # with one URL, a subclass may choose it (the load test)
+                self.config = replace(self.config, ws_url=dialing.url)
+            self._closed_with = None
+            welcomed = await self._connect_once()
             if self._drain_requested.is_set():
                 break
-            delay = backoff_delay(
-                attempt,
-                self._rng,
-                initial_s=self.config.backoff_initial_s,
-                max_s=self.config.backoff_max_s,
-            )
-            attempt += 1
-            log.info("reconnecting in %.2f s (attempt %d)", delay, attempt)
+            delay = dialing.after(welcomed=welcomed, close_code=self._closed_with)
+            if delay == 0 and self._closed_with == CloseCode.MOVE:
+                log.info("told to move: connecting to %s now", dialing.url)
+                continue
+            log.info("reconnecting in %.2f s (attempt %d)", delay, dialing.failures)
             with trio.move_on_after(delay):
                 await self._drain_requested.wait()
 
@@ -231,10 +241,13 @@ class NodeAgent:
     def _raise_if_refused(self, ws: WebSocketConnection) -> None:
         reason = ws.closed
         code = reason.code if reason is not None else None
+        self._closed_with = code
         final = final_exit(code, self.config.node_id)
         if final is not None:
             raise final
-        if reason is not None and code != CloseCode.NORMAL:
+        if code == CloseCode.MOVE:
+            log.info("coordinator going away: %s", reason.reason if reason else "")
+        elif reason is not None and code != CloseCode.NORMAL:
             log.warning("connection closed: %s %s", code, reason.reason or "")
         elif reason is not None and not self._drain_requested.is_set():
             log.warning("coordinator closed the connection")
@@ -242,8 +255,8 @@ class NodeAgent:
     # --- one connection --------------------------------------------------------------------
 
     async def _handshake(self, ws: WebSocketConnection) -> Welcome | None:
-        self._said_down = self.health.problem
-        return await handshake(ws, self.config, backend_down=self._said_down)
+        self.beats.said_down = self.health.problem
+        return await handshake(ws, self.config, backend_down=self.beats.said_down)
 
     async def _serve(self, ws: WebSocketConnection, welcome: Welcome) -> None:
         # While connected, the lines of this connection and its tasks name the instance.
@@ -257,7 +270,7 @@ class NodeAgent:
         interval = max(float(welcome.heartbeat_interval_s), 0.01)
         # Both ways: ours to the coordinator and the silence we allow it; it may tell us a
         # longer one later, in a heartbeat (``interval_s``).
-        self._interval = interval
+        self.beats.interval = interval
         self.protocol = welcome.v if welcome.v in PROTOCOLS else 1
         log.info(
             "connected to %s as node %s (instance %s, conn %s, heartbeat %.1f s)",
@@ -275,41 +288,12 @@ class NodeAgent:
             nursery.start_soon(
                 send_all, ws, outbox_recv, nursery.cancel_scope, self.config.close_timeout_s
             )
-            nursery.start_soon(self._heartbeats, outbox_send)
-            nursery.start_soon(self._report_health, outbox_send)
+            nursery.start_soon(self.beats.send_every_interval, outbox_send)
+            nursery.start_soon(self.beats.report_health, outbox_send)
             nursery.start_soon(self._drain_watch, outbox_send)
             await self._receive_loop(ws, outbox_send, nursery)
             nursery.cancel_scope.cancel()
         self._live = False
-
-    async def _heartbeats(self, outbox: trio.MemorySendChannel[Outbound]) -> None:
-        while True:
-            interval = self._interval
-            await trio.sleep(interval)
-            resident = None
-            with trio.move_on_after(interval / 2):
-                resident = await self.backend.resident(self.config.models)
-            await outbox.send(self._heartbeat(resident))
-
-    def _heartbeat(self, resident: list[str] | None) -> Heartbeat:
-        sample = self._telemetry() if self._telemetry is not None else None
-        telemetry = msgspec.Raw(encode_sample(sample)) if sample is not None else msgspec.UNSET
-        down = self._said_down = self.health.problem
-        return Heartbeat(
-            in_flight=len(self._running),
-            resident=resident,
-            telemetry=telemetry,
-            backend_down=msgspec.UNSET if down is None else down,
-        )
-
-    async def _report_health(self, outbox: trio.MemorySendChannel[Outbound]) -> None:
-        """A heartbeat as soon as the backend goes down or answers again (not at the next
-        interval): the coordinator stops placing here, or places here again, at once."""
-        while True:
-            changed = self.health.changed
-            if (self.health.problem is None) != (self._said_down is None):
-                await outbox.send(self._heartbeat(None))  # resident None: not said here
-            await changed.wait()
 
     async def _receive_loop(
         self,
@@ -318,11 +302,12 @@ class NodeAgent:
         nursery: trio.Nursery,
     ) -> None:
         while True:
-            silence_s = MISSED_HEARTBEATS * self._interval
+            interval = self.beats.interval
+            silence_s = MISSED_HEARTBEATS * interval
             try:
                 # judged on the time this process ran: a stall of ours is not their silence
                 raw = await receive_unless_silent(
-                    ws.get_message, interval_s=self._interval, misses=MISSED_HEARTBEATS
+                    ws.get_message, interval_s=interval, misses=MISSED_HEARTBEATS
                 )
             except ConnectionClosed:
                 return
@@ -355,12 +340,10 @@ class NodeAgent:
                     )
                     scope.cancel()
             elif isinstance(envelope, Heartbeat):
-                if (
-                    envelope.interval_s is not msgspec.UNSET
-                    and envelope.interval_s != self._interval
-                ):
-                    self._interval = max(float(envelope.interval_s), 0.01)
-                    log.info("coordinator asks for a heartbeat every %.1f s", self._interval)
+                asked = envelope.interval_s
+                if isinstance(asked, int | float) and asked != self.beats.interval:
+                    self.beats.interval = max(float(asked), 0.01)
+                    log.info("coordinator asks for a heartbeat every %.1f s", self.beats.interval)
             elif isinstance(envelope, Error):
                 log.warning("coordinator reports %s: %s", envelope.code, short(envelope.message))
             else:

@@ -32,6 +32,7 @@ from tools.node_agent.settings import (
     DEFAULT_MAX_PARALLEL,
     DEFAULT_OLLAMA_URL,
     DEFAULT_OPENAI_URL,
+    DEFAULT_RECONNECT_MAX_S,
     NodeSettings,
     UsageError,
 )
@@ -55,10 +56,19 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``gemmanet node`` flags on ``parser`` (values are checked by run_node)."""
     parser.add_argument(
         "--coordinator",
+        action="append",
         required=True,
         metavar="URL",
         help="coordinator base URL, e.g. http://127.0.0.1:8000 (the agent dials ws://…/ws/node; "
-        "https gives wss)",
+        "https gives wss); repeat for several instances (or give one load balancer URL): the "
+        "agent moves to the next one when its connection is lost, at once when told to move",
+    )
+    parser.add_argument(
+        "--reconnect-max-s",
+        default=str(DEFAULT_RECONNECT_MAX_S),
+        metavar="S",
+        help="the most the agent waits between connection attempts (exponential backoff from "
+        f"0.5 s with full jitter; default {DEFAULT_RECONNECT_MAX_S:g}; 0.1-3600)",
     )
     parser.add_argument("--node-id", required=True, metavar="ID", help="this node's identity")
     parser.add_argument(
@@ -163,6 +173,7 @@ def settings_from_args(args: argparse.Namespace) -> NodeSettings:
         drain_s=getattr(args, "drain_s", DEFAULT_DRAIN_S),
         seed=getattr(args, "seed", None),
         backend_check_s=getattr(args, "backend_check_s", DEFAULT_BACKEND_CHECK_S),
+        reconnect_max_s=getattr(args, "reconnect_max_s", DEFAULT_RECONNECT_MAX_S),
     )
 
 
@@ -204,6 +215,8 @@ async def serve_node(
     agent = NodeAgent(
         AgentConfig(
             ws_url=settings.ws_url,
+            ws_urls=settings.ws_urls,
+            backoff_max_s=settings.reconnect_max_s,
             node_id=settings.node_id,
             token=settings.token,
             models=settings.models,

@@ -57,8 +57,12 @@ class AgentConfig:
     vram_gb: float | None = None
     drain_s: float = 10.0
     backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
+    # --reconnect-max-s: the cap of the reconnect backoff
+    backoff_max_s: float = 5.0
     connect_timeout_s: float = 10.0
+    # Every coordinator it may dial, in turn (``--coordinator`` several times); empty: ws_url
+    # alone. ws_url is the one being dialled.
+    ws_urls: tuple[str, ...] = ()
     # Bounds the wait for Welcome after Hello, and for the peer's reply to our close frame.
     handshake_timeout_s: float = 10.0
     close_timeout_s: float = 2.0

@@ -19,6 +19,9 @@ DEFAULT_OPENAI_URL = "http://127.0.0.1:8080"
 DEFAULT_MAX_PARALLEL = 4
 DEFAULT_DRAIN_S = 10.0
 DEFAULT_BACKEND_CHECK_S = 5.0
+DEFAULT_RECONNECT_MAX_S = 5.0
+#: at most this many --coordinator flags
+MAX_COORDINATORS = 64
 
 # Limits of what a Hello may carry (protocol/constraints.py; the coordinator refuses a hello
 # outside them with close 4002, so they are checked here, where a typo can still be named).
@@ -123,6 +126,9 @@ class NodeSettings:
     drain_s: float
     seed: int | None
     backend_check_s: float = DEFAULT_BACKEND_CHECK_S
+    #: every --coordinator, as WebSocket URLs, in the order given (ws_url is the first)
+    ws_urls: tuple[str, ...] = ()
+    reconnect_max_s: float = DEFAULT_RECONNECT_MAX_S
 
     @classmethod
     def parse(
@@ -141,10 +147,24 @@ class NodeSettings:
         drain_s: object = DEFAULT_DRAIN_S,
         seed: object = None,
         backend_check_s: object = DEFAULT_BACKEND_CHECK_S,
+        reconnect_max_s: object = DEFAULT_RECONNECT_MAX_S,
     ) -> NodeSettings:
-        if not coordinator:
+        given = [coordinator] if isinstance(coordinator, str) else list(coordinator or [])  # type: ignore[call-overload]
+        if not given or not all(given):
             raise UsageError("--coordinator is required")
-        ws_url = coordinator_ws_url(str(coordinator))
+        if len(given) > MAX_COORDINATORS:
+            raise UsageError(f"at most {MAX_COORDINATORS} --coordinator flags, got {len(given)}")
+        ws_urls: list[str] = []
+        for base in given:
+            ws = coordinator_ws_url(str(base))
+            if ws not in ws_urls:
+                ws_urls.append(ws)
+        ws_url = ws_urls[0]
+        cap = _non_negative("--reconnect-max-s", reconnect_max_s, positive=True)
+        if not 0.1 <= cap <= 3600:
+            raise UsageError(
+                f"--reconnect-max-s must be between 0.1 and 3600 seconds, got {reconnect_max_s!r}"
+            )
         node = str(node_id or "").strip()
         if not node:
             raise UsageError("--node-id is required")
@@ -201,7 +221,7 @@ class NodeSettings:
             except ValueError:
                 raise UsageError(f"--seed must be an integer, got {seed!r}") from None
         return cls(
-            coordinator_url=str(coordinator),
+            coordinator_url=str(given[0]),
             ws_url=ws_url,
             node_id=node,
             token=str(token),
@@ -215,4 +235,6 @@ class NodeSettings:
             drain_s=_non_negative("--drain-s", DEFAULT_DRAIN_S if drain_s is None else drain_s),
             seed=seed_value,
             backend_check_s=check_s,
+            ws_urls=tuple(ws_urls),
+            reconnect_max_s=cap,
         )

@@ -73,7 +73,8 @@ class NodeFactsWriter:
     def rewrite_all(self) -> None:
         """The store lost its data: write every local node's facts again, now."""
         for conn in self._nodes.connections():
-            self._dirty.setdefault(conn.node_id, (conn.conn_id, False))
+            if not conn.moving:  # a moving node's facts stay dropped (runtime/drain.py)
+                self._dirty.setdefault(conn.node_id, (conn.conn_id, False))
         self._changed.set()
 
     async def run(self) -> None:
@@ -95,7 +96,11 @@ class NodeFactsWriter:
         this is the idle cost that grows with the node count). Each batch is read from the
         table right before it is sent, like a single write; a failed batch falls back to the
         per-node queue and its retries."""
-        ids = [c.node_id for c in self._nodes.connections() if c.node_id not in self._dirty]
+        ids = [
+            c.node_id
+            for c in self._nodes.connections()
+            if c.node_id not in self._dirty and not c.moving
+        ]
         for at in range(0, len(ids), REFRESH_BATCH):
             batch = [self._nodes.by_node(i) for i in ids[at : at + REFRESH_BATCH]]
             conns = [c for c in batch if c is not None]
@@ -113,7 +118,7 @@ class NodeFactsWriter:
         ``RETRY_S``, unless a newer change of that node came in meanwhile."""
         while self._dirty:
             dirty, self._dirty = self._dirty, {}
-            puts = [i for i, (c, gone) in dirty.items() if not gone and self._nodes.by_conn(c)]
+            puts = [i for i, (c, gone) in dirty.items() if not gone and self._serves(c)]
             failed = await self._put_in_batches(puts, dirty)
             written = set(puts)
             for node_id, (conn_id, _) in dirty.items():
@@ -128,6 +133,11 @@ class NodeFactsWriter:
                 self._dirty.setdefault(node_id, dirty[node_id])
             if failed:
                 await trio.sleep(RETRY_S)
+
+    def _serves(self, conn_id: str) -> bool:
+        """Whether the connection is here and may take leases (not moving off a drain)."""
+        conn = self._nodes.by_conn(conn_id)
+        return conn is not None and not conn.moving
 
     async def _put_in_batches(
         self, node_ids: list[str], dirty: dict[str, tuple[str, bool]]

@@ -13,6 +13,7 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.core.node_table import NodeConnection
+from coordinator.runtime.drain import Drain
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.nodes.link import NodeLink
@@ -38,6 +39,7 @@ class NodeHost(Protocol):
     settings: Settings
     store: Store
     metrics: Metrics
+    drain: Drain
 
     async def attach_node(
         self, hello: Hello, link: NodeLink, protocol: int = ...
@@ -132,6 +134,9 @@ async def _receive_hello(instance: NodeHost, socket: NodeSocket, session: NodeSe
 async def _serve_authenticated(
     instance: NodeHost, socket: NodeSocket, session: NodeSession, hello: Hello
 ) -> tuple[int, str]:
+    if not instance.drain.accepts_nodes():
+        log.info("node %s told to move: this instance is draining", hello.node_id)
+        return CloseCode.MOVE, "coordinator instance draining: connect to another one now"
     link = NodeLink()
     try:
         conn = await instance.attach_node(hello, link, session.version or 1)

@@ -129,6 +129,8 @@ class Admissions:
         # Per waiting ticket, its key's priority class (the queue wait by priority's label).
         self._priorities: dict[Ticket, str] = {}
         self.lost_leases = 0
+        #: releases not yet answered by the store (a drain waits for them)
+        self.releasing = 0
 
     # -- taking a lease ---------------------------------------------------------------------
 
@@ -269,6 +271,13 @@ class Admissions:
     # -- giving back ------------------------------------------------------------------------
 
     async def release(self, effect: ReleaseLease) -> None:
+        self.releasing += 1
+        try:
+            await self._release(effect)
+        finally:
+            self.releasing -= 1
+
+    async def _release(self, effect: ReleaseLease) -> None:
         started_at = self._clock()
         failures = 0
         while True:

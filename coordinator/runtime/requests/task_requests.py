@@ -21,10 +21,11 @@ import trio
 
 from coordinator.coordination import RateLimits
 from coordinator.core.affinity import prefix_text
-from coordinator.core.effects import Effect, TaskEvent
+from coordinator.core.effects import Effect, FailedEvent, MovedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.task_content import check_content_fits
-from coordinator.errors import GemmaNetError, NodeDisconnected, StoreError
+from coordinator.errors import GemmaNetError, InstanceShuttingDown, NodeDisconnected, StoreError
+from coordinator.runtime.drain import Drain
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.requests import task_log
@@ -56,6 +57,8 @@ class RequestHost(Protocol):
     waiting: dict[str, trio.MemorySendChannel[TaskEvent]]
 
     store: Store
+    #: SIGTERM's drain: refuses new requests, ends queued ones when its window is over
+    drain: Drain
 
     def new_id(self, prefix: str) -> str: ...
     def apply(self, effects: list[Effect]) -> None: ...
@@ -109,6 +112,9 @@ class TaskRequests:
         inst = self._instance
         began = inst.clock()
         try:
+            refusal = inst.drain.refusal()
+            if refusal is not None:
+                raise refusal
             assign, deadline = self._assign(model, prompt, messages, options, stream, timeout_s)
             text = prefix_text(prompt, messages)
             lookup = await inst.affinity.predict(model, text, messages is not None)
@@ -161,13 +167,23 @@ class TaskRequests:
         inst.waiting[task_id] = send
         prediction = lookup.prediction if lookup is not None else None
         try:
-            effects = inst.machine.submit(assign, deadline, inst.clock(), key_id, prediction)
-            await inst.carry_out(effects)
-        except BaseException:
+            with inst.drain.placing() as placing:
+                await inst.carry_out(
+                    inst.machine.submit(assign, deadline, inst.clock(), key_id, prediction)
+                )
+                placement = inst.machine.requester.placement(task_id)
+                if placement is None and inst.machine.requester.model_of(task_id) is not None:
+                    placement = await _placed_meanwhile(receive, deadline)
+            if placing.cancelled_caught:  # the drain window ended while it waited for room
+                raise InstanceShuttingDown(
+                    "the coordinator instance shut down before a node was free; retry on "
+                    "another instance"
+                )
+        except BaseException as exc:
             inst.waiting.pop(task_id, None)
-            inst.apply(inst.machine.request_ended(task_id, "client_gone", inst.clock()))
+            outcome = exc.code if isinstance(exc, GemmaNetError) else "client_gone"
+            inst.apply(inst.machine.request_ended(task_id, outcome, inst.clock()))
             raise
-        placement = inst.machine.requester.placement(task_id)
         if placement is None:
             # Every node it was placed on turned out gone before any of them saw it: the
             # request gets that error now, like a placement that found no node at all.
@@ -245,3 +261,20 @@ class TaskRequests:
             raise
         finally:
             await self.end(handle, outcome)
+
+
+async def _placed_meanwhile(
+    events: trio.MemoryReceiveChannel[TaskEvent], deadline: float
+) -> tuple[str, str, str] | None:
+    """Where a task went that was refused while its own dispatch was still under way (its
+    owner answered before the bus confirmed the send, e.g. a node moving off a draining
+    instance): the request is placed again in the background, and hears where in a
+    ``MovedEvent``, or why not in a ``FailedEvent`` (raised). None: nothing by ``deadline``."""
+    with trio.move_on_at(deadline):
+        while True:
+            event = await events.receive()
+            if isinstance(event, MovedEvent):
+                return event.node_id, event.conn_id, event.owner_instance
+            if isinstance(event, FailedEvent):
+                raise event.error
+    return None
