@@ -141,13 +141,18 @@ class LeaseAsk:
 class LeaseRelease:
     """What a request gives back: its lease on ``lease`` (node id, lease id) if any, its
     queue entry for ``model`` and its entry in ``key_id``'s active set (empty: keep those, the
-    request goes on elsewhere). The heads of the queues of ``wake_models`` are reported."""
+    request goes on elsewhere). The heads of the queues of ``wake_models`` are reported.
+
+    ``maybe_leases``: (node id, lease id) of leases an ask that got no answer may have been
+    granted; each is ended if it exists (nothing happens for one that does not), so a lease
+    nobody heard of is not held until its TTL."""
 
     request_id: str
     key_id: str = ""
     model: str = ""
     lease: tuple[str, str] | None = None
     wake_models: Sequence[str] = ()
+    maybe_leases: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True, slots=True)

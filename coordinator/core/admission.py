@@ -45,7 +45,7 @@ or the queue deadline passed; a refused or closed connection fails at once. Aski
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.core.admission_decisions import (
@@ -147,6 +147,8 @@ class _Waiter:
     silent_since: float | None = None
     timeouts: int = 0
     unanswered: bool = False
+    #: the nodes an unanswered ask named (a lease on one of them may exist unheard of)
+    maybe_on: set[str] = field(default_factory=set)
 
 
 class AdmissionMachine:
@@ -262,7 +264,11 @@ class AdmissionMachine:
         waiter = self._waiters.get(ticket)
         if waiter is None:
             return []
-        decisions: list[Decision] = [] if waiter.unanswered else [MayHold(ticket)]
+        # Said once per node: a re-ask after a wake or a new view may name other candidates.
+        nodes = tuple(v.node_id for v in waiter.candidates if v.node_id not in waiter.maybe_on)
+        waiter.maybe_on.update(nodes)
+        said = waiter.unanswered and not nodes
+        decisions: list[Decision] = [] if said else [MayHold(ticket, nodes)]
         waiter.unanswered, waiter.timeouts = True, waiter.timeouts + 1
         if waiter.silent_since is None:
             waiter.silent_since = waiter.asked_at

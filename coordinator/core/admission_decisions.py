@@ -29,6 +29,12 @@ __all__ = [
 
 #: one ``Reserve``: (task id, attempt)
 Ticket = tuple[str, int]
+
+
+def lease_id_of(ticket: Ticket) -> str:
+    """The lease id every ask of ``ticket`` names (the same for each, so asking again finds
+    what an unanswered ask was granted, and the request can give it back unheard)."""
+    return f"{ticket[0]}.{ticket[1]}"
 WaitWhy = Literal["poll", "queue_deadline", "gone_retry", "store_retry"]
 
 
@@ -89,9 +95,12 @@ class Queued:
 @dataclass(frozen=True, slots=True)
 class MayHold:
     """An ask of the ticket got no answer: the store may hold a queue entry (or an active-set
-    entry) for the request, which it must give back when it ends (``Requester.waiting``)."""
+    entry) for the request, which it must give back when it ends (``Requester.waiting``), and
+    a lease (the ticket's ``lease_id_of``) on one of ``nodes``, the nodes that ask named that
+    no earlier ``MayHold`` of the ticket did (``Requester.may_hold_lease``)."""
 
     ticket: Ticket
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

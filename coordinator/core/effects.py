@@ -147,6 +147,8 @@ class ReleaseLease:
     model: str
     lease: tuple[str, str] | None
     wake_models: tuple[str, ...]
+    #: (node id, lease id) of leases an unanswered ask may have been granted: ended if they exist
+    maybe_leases: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

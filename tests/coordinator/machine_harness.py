@@ -199,6 +199,7 @@ class MachineCluster:
                     model=effect.model,
                     lease=effect.lease,
                     wake_models=effect.wake_models,
+                    maybe_leases=effect.maybe_leases,
                 ),
                 self.rules,
                 self.now,

@@ -363,8 +363,9 @@ def test_a_timed_out_ask_waits_then_asks_again_and_is_granted() -> None:
     m = machine()
     assert m.start(T1, "m", [N1], 0.0) == [AskStore(T1, "m", (N1,))]
     decisions = m.timed_out(T1, 1.0)  # the store did not answer within its 1 s
-    # The request now gives back, when it ends, whatever the unanswered ask left in the store.
-    assert decisions[0] == MayHold(T1)
+    # The request now gives back, when it ends, whatever the unanswered ask left in the store,
+    # a lease on the node it named included.
+    assert decisions[0] == MayHold(T1, ("n1",))
     step = step_of(decisions)
     assert isinstance(step, WaitUntil) and step.why == "store_retry" and not step.wakeable
     assert 1.0 + STORE_RETRY_FIRST_S / 2 <= step.at <= 1.0 + STORE_RETRY_FIRST_S
@@ -388,7 +389,7 @@ def test_timeouts_back_off_doubling_to_half_a_second_with_jitter() -> None:
         delays.append(step.at - now)
         now = step.at
         assert step_of(m.waited(T1, [N1], now)) == AskStore(T1, "m", (N1,), again=True)
-    assert mayhold == 1  # said once
+    assert mayhold == 1  # said once (the same node each time)
     for n, delay in enumerate(delays, start=1):
         top = min(STORE_RETRY_FIRST_S * 2 ** (n - 1), STORE_RETRY_MAX_S)
         assert top / 2 <= delay <= top

@@ -259,6 +259,36 @@ async def test_release_frees_the_slot_and_names_the_queue_heads(backend: Backend
     assert await c.leases.queue_depths(["m"], rules()) == {"m": 0}
 
 
+async def test_a_lease_nobody_heard_of_is_ended_by_the_request_that_may_hold_it(
+    backend: Backend,
+) -> None:
+    """An ask that timed out may have been granted: the request that gives up names the
+    leases it may hold (its lease id on each candidate), and each that exists ends at once
+    instead of at its TTL; one that does not exist is no error, and the wake still comes."""
+    c = backend.coord
+    await beat(c, "O", "A", "B")
+    await node(c, "n1", "c1", max_parallel=1)
+    await node(c, "n2", "c2", max_parallel=1)
+    lost = granted(await c.leases.admit(ask("r1", ("n1", "c1")), rules()))  # its answer lost
+    assert (await c.leases.admit(ask("r2", ("n1", "c1"), instance="B"), rules())).outcome == (
+        "queued"
+    )
+    heads = await c.leases.release(
+        LeaseRelease(
+            request_id="r1",
+            key_id="key",
+            model="m",
+            maybe_leases=[("n1", lost), ("n2", lost), ("n1", "r1.never-granted")],
+            wake_models=["m"],
+        ),
+        rules(),
+    )
+    assert heads == [("m", "B")]
+    usage = await c.leases.lease_usage(["n1", "n2"])
+    assert usage["n1"].leases == 0 and usage["n2"].leases == 0
+    granted(await c.leases.admit(ask("r2", ("n1", "c1"), instance="B"), rules()))
+
+
 async def test_queue_is_first_come_first_served(backend: Backend) -> None:
     c = backend.coord
     await beat(c, "O", "A", "B", "C")

@@ -129,7 +129,9 @@ async def test_every_script_keeps_its_keys_in_the_home_slot(
         assert await c.leases.renew_leases([("n1", "l1"), ("n2", "l2")], 5.0) == [True, False]
         await c.leases.lease_usage(["n1", "n2"])
         await c.leases.queue_depths(["m", "other"], rules)
-        await c.leases.release(LeaseRelease("r1", "key", "m", ("n1", "l1"), ("m", "other")), rules)
+        await c.leases.release(
+            LeaseRelease("r1", "key", "m", ("n1", "l1"), ("m", "other"), [("n2", "l1")]), rules
+        )
         await c.leases.drop_node_facts("n1", "c1")
         claim = await c.monitor.monitor_acquire("M", 5.0)
         assert claim.held
@@ -137,6 +139,8 @@ async def test_every_script_keeps_its_keys_in_the_home_slot(
         assert await c.monitor.write_host_facts("M", claim.epoch, "h1", b"{}")
         await c.monitor.host_facts()
         assert await c.monitor.monitor_resign("M", claim.epoch)
+        await c.affinity.record_prefix("m", "n1", ["h1", "h2"], ttl_s=5.0, max_blocks=10)
+        assert await c.affinity.prefix_holders("m", ["h1", "h2"]) == [["n1"], ["n1"]]
         await c.telemetry.append_telemetry("n1", b"s", keep=3, ttl_s=5.0)
         await c.telemetry.latest_telemetry(["n1", "n2", "n3"])
         bus = StreamsBus(c.link, presence_ttl_s=2.0, refresh_s=0.5)

@@ -189,10 +189,11 @@ class LeaseTables:
         self, release: LeaseRelease, rules: AdmissionRules, now: float
     ) -> list[tuple[str, str]]:
         request_id, key_id, lease = release.request_id, release.key_id, release.lease
-        if lease is not None:
-            node = self._nodes.get(lease[0])
+        ending = [lease] if lease is not None else []
+        for node_id, lease_id in [*ending, *release.maybe_leases]:
+            node = self._nodes.get(node_id)
             if node is not None:
-                node.leases.pop(lease[1], None)
+                node.leases.pop(lease_id, None)
         queue = self._queues.get(release.model)
         if queue is not None:
             queue.leave(request_id)

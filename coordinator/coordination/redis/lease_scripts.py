@@ -268,9 +268,10 @@ return renewed
 )
 
 # KEYS: presence, the queue's five (``queue_at``), active set, [leases, lease info when
-# ARGV[2] == '1'], then the queue's five per wake model. ARGV: request id, '1'/'0' (a lease to
-# end), lease id, requester_stale us, 'fair'/'fifo', then the wake models.
-# Returns {model, head instance, ...}.
+# ARGV[2] == '1'], (leases, lease info) per lease that may exist, then the queue's five per
+# wake model. ARGV: request id, '1'/'0' (a lease to end), lease id, requester_stale us,
+# 'fair'/'fifo', the number M of leases that may exist, their M lease ids, then the wake
+# models. Returns {model, head instance, ...}.
 RELEASE = _lease_script(
     "lease_release",
     """
@@ -282,11 +283,18 @@ if ARGV[2] == '1' then
   redis.call('HDEL', KEYS[9], ARGV[3])
   first = 10
 end
+local maybe = tonumber(ARGV[6])
+for k = 1, maybe do
+  redis.call('ZREM', KEYS[first], ARGV[6 + k])
+  redis.call('HDEL', KEYS[first + 1], ARGV[6 + k])
+  first = first + 2
+end
 queue_leave(queue_at(2, fair), rid)
 redis.call('HDEL', active, rid)
 local heads = {}
-for k = 6, #ARGV do
-  local _, instance = queue_head(queue_at(first + 5 * (k - 6), fair), presence, window)
+local wake_from = 7 + maybe
+for k = wake_from, #ARGV do
+  local _, instance = queue_head(queue_at(first + 5 * (k - wake_from), fair), presence, window)
   if instance then
     heads[#heads + 1] = ARGV[k]
     heads[#heads + 1] = instance

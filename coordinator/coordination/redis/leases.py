@@ -169,6 +169,9 @@ class RedisLeases:
         ]
         if lease is not None:
             keys += self._node_keys(lease[0])
+        maybe = list(dict.fromkeys(release.maybe_leases))
+        for node_id, _ in maybe:
+            keys += self._node_keys(node_id)
         wake = list(dict.fromkeys(release.wake_models))
         for name in wake:
             keys += self._queue_keys(name)
@@ -178,6 +181,8 @@ class RedisLeases:
             "" if lease is None else lease[1],
             _us(rules.requester_stale_s),
             rules.queue_policy,
+            str(len(maybe)),
+            *(lease_id for _, lease_id in maybe),
             *wake,
         ]
         reply = await self._link.run_script(RELEASE, keys, args)

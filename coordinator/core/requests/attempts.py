@@ -138,6 +138,14 @@ class PlacementAttempts:
             request.may_hold_queue_entry = True
             request.move(RequestState.QUEUED)
 
+    def may_hold_lease(self, task_id: str, lease_id: str, nodes: Iterable[str]) -> None:
+        """An ask that got no answer may have been granted ``lease_id`` on one of ``nodes``:
+        the request gives each back when it ends or goes on elsewhere, so a lease nobody heard
+        of is not held until its TTL."""
+        request = self._requests.get(task_id)
+        if request is not None:
+            request.maybe_leases.update((node_id, lease_id) for node_id in nodes)
+
     def reserve_failed(self, task_id: str, attempt: int, error: GemmaNetError) -> list[Effect]:
         """No lease: the store refused, could not be reached, or the wait timed out."""
         request = self._requests.get(task_id)
@@ -214,11 +222,16 @@ class PlacementAttempts:
         )
 
     def _give_back_lease(self, request: Request) -> list[Effect]:
-        """The request goes on elsewhere: its lease only is released."""
-        if request.lease is None:
+        """The request goes on elsewhere: its lease only is released (and any it may hold
+        unheard of)."""
+        maybe = _unheard(request)
+        if request.lease is None and not maybe:
             return []
         lease, request.lease = request.lease, None
-        return [ReleaseLease(request.assign.task_id, "", "", lease, request.lease_models)]
+        request.maybe_leases.clear()
+        wake = set(request.lease_models) | ({request.assign.model} if maybe else set())
+        task_id = request.assign.task_id
+        return [ReleaseLease(task_id, "", "", lease, tuple(sorted(wake)), maybe)]
 
     def _close(self, task_id: str) -> list[Effect]:
         """The request is over: forget it and give back everything it holds in the store."""
@@ -230,7 +243,8 @@ class PlacementAttempts:
             return []
         model = request.assign.model
         wake = set(request.lease_models) | ({model} if request.may_hold_queue_entry else set())
-        return [ReleaseLease(task_id, request.key_id, model, request.lease, tuple(sorted(wake)))]
+        lease, maybe = request.lease, _unheard(request)
+        return [ReleaseLease(task_id, request.key_id, model, lease, tuple(sorted(wake)), maybe)]
 
     def _fail(self, task_id: str, error: GemmaNetError) -> list[Effect]:
         effects = self._close(task_id)
@@ -286,3 +300,10 @@ class PlacementAttempts:
             return []
         cancel = BusCancel(task_id=task_id, reason="coordination_unavailable")
         return [*self._fail(task_id, error), Publish(instance_id, cancel, now + CANCEL_GIVE_UP_S)]
+
+
+def _unheard(request: Request) -> tuple[tuple[str, str], ...]:
+    """The leases the request may hold unheard of, but the one it holds."""
+    return tuple(
+        sorted(request.maybe_leases - {request.lease} if request.lease else request.maybe_leases)
+    )

@@ -105,6 +105,9 @@ class Request:
     #: it ends, whatever entry it may still have there is removed and the model's next waiter
     #: woken (so this outlasts QUEUED)
     may_hold_queue_entry: bool = False
+    #: (node id, lease id) of leases an unanswered ask may have been granted (``MayHold``):
+    #: given back with what it holds when it ends or goes on elsewhere
+    maybe_leases: set[tuple[str, str]] = field(default_factory=set)
     # Connections that turned this task down as full, and instances it could not reach.
     full: set[str] = field(default_factory=set)
     gone_conns: set[str] = field(default_factory=set)

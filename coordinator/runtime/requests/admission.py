@@ -46,6 +46,7 @@ from coordinator.core.admission import (
     WakePeer,
     step_of,
 )
+from coordinator.core.admission_decisions import lease_id_of
 from coordinator.core.effects import Effect, ReleaseLease, Reserve
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.placement import NodeView
@@ -204,7 +205,10 @@ class Admissions:
                 self._machine.requester.waiting(decision.ticket[0])
             elif isinstance(decision, MayHold):
                 # Whatever an unanswered ask left in the store is given back at the end.
-                self._machine.requester.waiting(decision.ticket[0])
+                task_id = decision.ticket[0]
+                self._machine.requester.waiting(task_id)
+                lease_id = lease_id_of(decision.ticket)
+                self._machine.requester.may_hold_lease(task_id, lease_id, decision.nodes)
             elif isinstance(decision, Left) and decision.queued_for is not None:
                 self._metrics.queue_wait.observe(decision.queued_for)
                 priority = self._priorities.get(decision.ticket, "1")
@@ -235,7 +239,7 @@ class Admissions:
             model_gb=cost.resident_gb,
             kv_gb=cost.kv_gb,
             candidates=tuple((v.node_id, v.conn_id) for v in candidates),
-            lease_id=f"{effect.task_id}.{effect.attempt}",
+            lease_id=lease_id_of((effect.task_id, effect.attempt)),
             queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
             again=step.again,
             weight=self.weight_of(ask_key),
@@ -289,6 +293,7 @@ class Admissions:
                         model=effect.model,
                         lease=effect.lease,
                         wake_models=effect.wake_models,
+                        maybe_leases=effect.maybe_leases,
                     ),
                     self.rules,
                 )
