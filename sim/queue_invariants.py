@@ -13,7 +13,13 @@
 Entries of an instance that was frozen or crashed meanwhile are exempt (the store drops them
 once their instance stops beating), and so is everything queued when the store went down
 (releases fail while it is down: entries linger to their expiry). A task granted twice (an ask
-made again after its answer was lost finds its lease) counts once.
+made again after its answer was lost finds its lease) counts once; but a task queued again
+after its grant is a new request of its key, and its next grant counts like any other: its
+placement never reached the node, so it gave the lease back and asked again under a new
+attempt, which joins the back of its key's own line (or, its key gone from the ring, the back
+of the ring) as any new request does, and the store charges that grant to its key's turn.
+Counting it once would charge the key's own second grant to nobody, and grants of other keys
+made before it to a wait it had already ended.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class _QueueWatch:
             for queue in self.waiting.values():
                 self.exempt.update(queue)
         elif kind == "lease.queued":
+            self.granted.discard(event["task"])  # asked again after its grant: a new request
             queue = self.waiting.setdefault(event["model"], {})
             if event["task"] not in queue:
                 queue[event["task"]] = _Waiting(event.get("key", ""), event["instance"])

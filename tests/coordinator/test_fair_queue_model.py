@@ -7,7 +7,8 @@ going); there a queue of several keys whose heads are granted is rare. Here ever
 the queue of one model on one node of one or two slots: requests of four keys with weights 1-3
 join, the head asks again (and is granted when a slot is free), others ask again (their
 ``position`` is checked against the reference serving its copy one grant at a time), requests
-give up while queued, running ones finish and wake the head. Every answer is compared in full
+give up while queued, running ones finish and wake the head, or give their lease back and ask
+again under a new attempt (a placement that failed). Every answer is compared in full
 (outcome, lease, position, next_in_queue, head) and so are the queue depths.
 """
 
@@ -130,6 +131,18 @@ class FairQueueMachine(RuleBasedStateMachine):
     def one_finishes(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.running)))
         self.release(rid, ("n1", self.running.pop(rid)))
+
+    @precondition(lambda self: bool(self.running))
+    @rule(data=st.data())
+    def one_is_placed_again(self, data: st.DataObject) -> None:
+        """Its placement never reached the node: it gives its lease only back and asks again
+        under a new attempt (same request id, new lease id), a new request of its key."""
+        rid = data.draw(st.sampled_from(sorted(self.running)))
+        lease = ("n1", self.running.pop(rid))
+        back = LeaseRelease(request_id=rid, lease=lease, wake_models=["a"])
+        got = self.portal.run(self.coord.leases.release, back, RULES)
+        assert got == self.model.release(rid, "", "", lease, ["a"])
+        self.again(rid)
 
     def release(self, rid: str, lease: tuple[str, str] | None) -> None:
         key = self.asks[rid].key_id
