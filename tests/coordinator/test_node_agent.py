@@ -571,7 +571,10 @@ async def test_bad_token_exits_without_reconnecting(
     run = start_agent(nursery, coordinator.url, token="wrong")
     refused = await run.wait()
     assert refused is not None and refused.exit_code != 0
-    assert refused.message == "authentication failed for node node-1: check --token"
+    assert refused.message == (
+        "authentication failed for node node-1: wrong --token, or the node was revoked"
+        " (gemmanet nodes enroll gives it a new token)"
+    )
     await trio.sleep(0.3)
     assert len(coordinator.hellos) == 1
 
@@ -823,7 +826,10 @@ async def _spawn(nursery: trio.Nursery, cmd: list[str]) -> tuple[trio.Process, d
         (
             CloseCode.AUTH_FAILED,
             4,
-            "gemmanet node: authentication failed for node node-1: check --token",
+            (
+                "gemmanet node: authentication failed for node node-1: wrong --token, or the"
+                " node was revoked (gemmanet nodes enroll gives it a new token)"
+            ),
         ),
     ],
 )

@@ -79,7 +79,9 @@ def final_exit(close_code: int | None, node_id: str) -> AgentExit | None:
         return AgentExit(EXIT_REPLACED, f"replaced by a newer connection of node {node_id}")
     if close_code == CloseCode.AUTH_FAILED:
         return AgentExit(
-            EXIT_AUTH_FAILED, f"authentication failed for node {node_id}: check --token"
+            EXIT_AUTH_FAILED,
+            f"authentication failed for node {node_id}: wrong --token, or the node was revoked"
+            " (gemmanet nodes enroll gives it a new token)",
         )
     return None
 
