@@ -48,6 +48,12 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"seeds run in parallel processes (default: the CPU count, here {jobs})",
     )
+    sweep.add_argument(
+        "--first-failure",
+        action="store_true",
+        help="stop at the first failing seed (in seed order): finding a failing run of a "
+        "mutation, or checking that one is caught, without sweeping every seed",
+    )
     _config_flags(sweep)
     sweep.set_defaults(sim_handler=_sweep)
 
@@ -257,8 +263,13 @@ def _sweep(args: argparse.Namespace) -> int:
     failing: list[tuple[SimResult, Path | None]] = []
     virtual = wall = 0.0
     monitor: dict[str, int] = {}
+    swept = 0
+    # Seeds are handed out one by one when stopping at the first failure (little is run past
+    # it), four at a time otherwise (fewer round trips to the workers).
+    chunk = 1 if args.first_failure else 4
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for result, trace in pool.map(_sweep_one, jobs, chunksize=4):
+        for result, trace in pool.map(_sweep_one, jobs, chunksize=chunk):
+            swept += 1
             virtual += result.virtual_seconds
             wall += result.wall_seconds
             for key, count in (result.monitor or {}).items():
@@ -266,11 +277,16 @@ def _sweep(args: argparse.Namespace) -> int:
                     monitor[key] = monitor.get(key, 0) + count
             if not result.ok:
                 failing.append((result, trace))
+                if args.first_failure:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    break
+    count = f"{swept} of {len(seeds)}" if swept < len(seeds) else f"{len(seeds)}"
     print(
-        f"swept {len(seeds)} seeds ({seeds.start}-{seeds.stop - 1}"
+        f"swept {count} seeds ({seeds.start}-{seeds.stop - 1}"
         f", bus {config.bus}"
         f"{', queue ' + config.queue_policy if config.queue_policy != 'fair' else ''}"
-        f"{', mutation ' + config.mutation if config.mutation else ''}): "
+        f"{', mutation ' + config.mutation if config.mutation else ''}"
+        f"{', stopped at the first failure' if swept < len(seeds) else ''}): "
         f"{len(failing)} failing; {virtual:.0f} virtual s in {wall:.1f} wall s of work"
     )
     if config.monitors:

@@ -53,6 +53,15 @@ class AffinityInfo(_Response):
     mean_predicted_blocks: float
 
 
+class QueueWaitInfo(_Response):
+    """Requests of one key priority class (``1``, ``2-4``, ``5-9``, ``10-24``, ``25-100``) that
+    waited in the shared admission queue on the answering instance since it started."""
+
+    priority: str
+    waited: int
+    mean_wait_s: float
+
+
 class ClusterResponse(_Response):
     """Instances, aggregate counts and (operator keys only) node details."""
 
@@ -73,3 +82,5 @@ class ClusterResponse(_Response):
     # Every online node as in GET /api/v1/nodes; null unless ``admin``.
     nodes: list[NodeInfo] | None
     affinity: AffinityInfo
+    # The answering instance's queue waits by key priority class, lowest class first.
+    queue_waits: list[QueueWaitInfo]

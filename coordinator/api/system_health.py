@@ -25,12 +25,14 @@ from coordinator.api.health_schemas import (
     ClusterResponse,
     InstanceLiveness,
     MonitorInfo,
+    QueueWaitInfo,
 )
 from coordinator.api.responses import error_response, json_response
 from coordinator.api.routes import _BEARER, _errors, authenticate, instance
 from coordinator.api.schemas import NodeInfo
 from coordinator.coordination import CoordinationUnavailable, MonitorStore
 from coordinator.runtime import instance_status
+from coordinator.runtime.metrics import PRIORITY_CLASSES
 
 PAGE_PATH = "/system-health"
 # name -> content type; nothing else under health_page/ is served.
@@ -129,8 +131,17 @@ def register_system_health(app: Quart) -> None:
             monitor=await _monitor(inst.coordination.monitor),
             nodes=nodes,
             affinity=msgspec.convert(inst.affinity.status(), AffinityInfo),
+            queue_waits=_queue_waits(inst.admissions.waited_by_priority),
         )
         return json_response(body)
+
+
+def _queue_waits(waited: dict[str, tuple[int, float]]) -> list[QueueWaitInfo]:
+    order = [label for _, label in PRIORITY_CLASSES]
+    return [
+        QueueWaitInfo(priority=label, waited=count, mean_wait_s=round(total / count, 3))
+        for label, (count, total) in sorted(waited.items(), key=lambda kv: order.index(kv[0]))
+    ]
 
 
 async def _monitor(monitor: MonitorStore) -> MonitorInfo | None:

@@ -145,6 +145,15 @@ async def test_a_flooding_key_does_not_hold_up_another_key_on_redis(
         )
     ]
     assert sum(waited) == 2, metrics
+    # The System Health page's figures: per instance, the waits by the keys' priority class.
+    bearer = {"Authorization": f"Bearer {quiet_key}"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        pages = [
+            (await client.get(f"{c.url}/api/v1/cluster", headers=bearer)).json()
+            for c in (a, b)
+        ]
+    quiet = [w for p in pages for w in p["queue_waits"] if w["priority"] == "2-4"]
+    assert sum(w["waited"] for w in quiet) == 2 and all(w["mean_wait_s"] > 0 for w in quiet)
 
 
 async def test_past_the_queue_timeout_a_request_gets_503_with_retry_after(

@@ -142,6 +142,7 @@ def test_system_health_page_in_chromium(cluster: Any, browser: Any) -> None:
     expect(page.locator("#stat-monitor")).to_have_text("no monitor elected")
     expect(page.locator("#stat-queue")).to_have_text("0")
     expect(page.locator("#stat-affinity")).to_have_text("no placements yet")
+    expect(page.locator("#stat-queue-wait")).to_have_text("nobody waited yet")
 
     # A node joining after the page loaded shows up without a reload (the marker survives).
     page.evaluate("window.__loadedOnce = true")

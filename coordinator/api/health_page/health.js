@@ -118,6 +118,12 @@
     return `${rate}% hits (${a.hits} of ${a.hits + a.misses}), ${a.mean_predicted_blocks} blocks`;
   }
 
+  // This instance's waits in the shared queue, by the priority class of the requests' keys.
+  function queueWaitText(waits) {
+    if (!waits.length) return "nobody waited yet";
+    return waits.map((w) => `${w.priority}: ${w.mean_wait_s} s (${w.waited})`).join(", ");
+  }
+
   async function render(cluster, key) {
     const live = cluster.instances.filter((i) => i.state === "live").length;
     $("stat-instances").textContent = `${live} / ${cluster.instances.length}`;
@@ -128,6 +134,7 @@
       ? `${cluster.monitor.primary} (epoch ${cluster.monitor.epoch})`
       : "no monitor elected";
     $("stat-affinity").textContent = affinityText(cluster.affinity);
+    $("stat-queue-wait").textContent = queueWaitText(cluster.queue_waits);
     const waiting = Object.entries(cluster.queued || {}).filter(([, n]) => n > 0);
     // Only an operator key gets the queue per model (it names the models); others, the total.
     $("queue-detail").textContent = waiting.length

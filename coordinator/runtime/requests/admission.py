@@ -129,6 +129,9 @@ class Admissions:
         self._wakes: dict[Ticket, trio.Event] = {}
         # Per waiting ticket, its key's priority class (the queue wait by priority's label).
         self._priorities: dict[Ticket, str] = {}
+        #: per priority class, the requests that waited in the shared queue and their total
+        #: wait (the System Health page's queue wait by key class; at most five entries)
+        self.waited_by_priority: dict[str, tuple[int, float]] = {}
         self.lost_leases = 0
         #: releases not yet answered by the store (a drain waits for them)
         self.releasing = 0
@@ -214,6 +217,8 @@ class Admissions:
                 priority = self._priorities.get(decision.ticket, "1")
                 by_priority = self._metrics.queue_wait_by_priority.labels(priority=priority)
                 by_priority.observe(decision.queued_for)
+                count, total = self.waited_by_priority.get(priority, (0, 0.0))
+                self.waited_by_priority[priority] = (count + 1, total + decision.queued_for)
         return step_of(decisions)
 
     async def _wait(self, step: WaitUntil) -> None:
