@@ -187,7 +187,7 @@ def test_broken_monitor_variants_are_caught_and_replay_the_same_way(
 ) -> None:
     done = sim(
         "sweep", "--seeds", "1-12", "--jobs", "2", *MONITORS, "--mutation", mutation,
-        "--trace-dir", str(tmp_path),
+        "--first-failure", "--trace-dir", str(tmp_path),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert f": {invariant} at t=" in done.stdout and ": 1 failing;" in done.stdout
