@@ -15,7 +15,7 @@ catalog that placement charges against each node's memory budget.
     kind = "ollama"          # or "openai" (an OpenAI-compatible server)
     memory_gb = 24           # its memory budget
     max_parallel = 2
-    weight = 1.0             # relative share of placement (read, not used yet)
+    weight = 1.0             # relative share of placement (core/placement.py: "Weight")
 
     [keys."batch-jobs"]      # an API key, by the name it was created with
     priority = 1             # its weight in the fair admission queue, 1-100 (over the key's own)

@@ -23,7 +23,12 @@ import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.core.placement import NEUTRAL_RATING, NodeView, rank_candidates
+from coordinator.core.placement import (
+    NEUTRAL_RATING,
+    NodeView,
+    rank_candidates,
+    shuffle_by_weight,
+)
 from protocol import Message
 
 __all__ = [
@@ -169,21 +174,21 @@ def rank_by_affinity(
     (``affinity_cost``) when any candidate is predicted to hold some of it; without a
     prediction, or when none of them holds anything, exactly ``rank_candidates``. Connections
     in ``last`` (they turned the task down as full) still come last; ties keep
-    ``rank_candidates``' tie-breaks (a free slot, fewest in flight, best rating, then ``rng``
-    or node id).
+    ``rank_candidates``' tie-breaks (a free slot, fewest in flight per unit of weight, best
+    rating, then ``rng`` by weight or node id).
     Only the order changes: the lease still decides who has room."""
     nodes = list(nodes)
     if prediction is None or prediction.best(nodes) <= 0.0:
         return rank_candidates(nodes, rng=rng, last=last, limit=limit)
     nodes.sort(key=lambda n: n.node_id)
     if rng is not None:
-        rng.shuffle(nodes)  # a stable sort below keeps this order among equals
+        shuffle_by_weight(nodes, rng)  # a stable sort below keeps this order among equals
     held, weights = prediction.held, prediction.weights
 
-    def rank(n: NodeView) -> tuple[bool, float, bool, int, float]:
+    def rank(n: NodeView) -> tuple[bool, float, bool, float, float]:
         rating = NEUTRAL_RATING if n.rating is None else n.rating
         cost = affinity_cost(n, held.get(n.node_id, 0.0), weights)
-        return (n.conn_id in last, cost, not n.has_capacity, n.in_flight, -rating)
+        return (n.conn_id in last, cost, not n.has_capacity, n.load, -rating)
 
     if limit is not None and limit < len(nodes):
         return heapq.nsmallest(limit, nodes, key=rank)

@@ -146,6 +146,7 @@ class DirectHosts:
                     models=read.serves(),
                     max_parallel=self.terms[host_id].max_parallel,
                     in_flight=self.in_flight(host_id),
+                    weight=self.terms[host_id].weight,
                 )
             )
         return views

@@ -1,8 +1,22 @@
-"""Choosing a node for a task."""
+"""Choosing a node for a task.
+
+**Weight.** A direct host may carry a ``weight`` (the operator file's, 0 < w <= 1000; agent
+nodes weigh 1). It counts twice, both times so that a host of weight 3 beside one of weight 1
+takes three in four of their placements:
+
+* its load counts as ``in_flight / weight`` (weighted least connections: under load, tasks in
+  flight settle in proportion to the weights), and
+* among candidates equal in every respect, one of weight ``w`` comes first with probability
+  ``w / (sum of their weights)`` (a weighted shuffle with the placement's seeded ``Random``:
+  when each task ends before the next arrives, the share of first choices is the weight's).
+
+With every weight 1 both are exactly the unweighted order (the same draws from ``rng``).
+"""
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,10 +58,31 @@ class NodeView:
     rating: float | None = None
     #: the owner's life (``InstanceSnapshot.incarnation``) the view was read from
     incarnation: str = ""
+    #: its share of placement against equals (module docstring); agent nodes weigh 1
+    weight: float = 1.0
 
     @property
     def has_capacity(self) -> bool:
         return self.in_flight < self.max_parallel
+
+    @property
+    def load(self) -> float:
+        """Tasks in flight per unit of weight: what placement balances."""
+        return self.in_flight / self.weight
+
+
+def shuffle_by_weight(nodes: list[NodeView], rng: random.Random) -> None:
+    """Shuffle ``nodes`` in place so that each comes first with probability its weight over
+    the sum of the weights (and so on down the list). Every weight equal: ``rng.shuffle``
+    itself, so an unweighted fleet sees the same order from the same seed as before."""
+    if all(n.weight == nodes[0].weight for n in nodes):
+        rng.shuffle(nodes)
+        return
+    # Each node's "arrival" is exponential with rate ``weight``; the earliest of such clocks
+    # is node i with probability w_i / sum(w) (Efraimidis-Spirakis, in log form). ``1 -
+    # random()`` is in (0, 1], so the log is finite.
+    arrival = {id(n): -math.log(1.0 - rng.random()) / n.weight for n in nodes}
+    nodes.sort(key=lambda n: arrival[id(n)])
 
 
 def rank_candidates(
@@ -59,8 +94,9 @@ def rank_candidates(
 ) -> list[NodeView]:
     """Nodes in the order to try them for a lease: those with a free slot as this instance
     sees them first, then fewest tasks in flight, then best rating; connections in ``last``
-    (they turned this task down as full) at the end. Ties are shuffled with ``rng`` (spreads
-    idle load) or, without one, go to the smallest node id (fully deterministic).
+    (they turned this task down as full) at the end. "Tasks in flight" counts per unit of
+    weight, and ties are shuffled with ``rng`` by weight (spreads idle load; the module
+    docstring) or, without one, go to the smallest node id (fully deterministic).
 
     The view may be up to a beat old: the lease, not this order, decides whether a node has
     room, so full-looking nodes stay candidates (after the others).
@@ -70,11 +106,11 @@ def rank_candidates(
     """
     nodes = sorted(nodes, key=lambda n: n.node_id)
     if rng is not None:
-        rng.shuffle(nodes)  # a stable sort below keeps this order among equals
+        shuffle_by_weight(nodes, rng)  # a stable sort below keeps this order among equals
 
-    def rank(n: NodeView) -> tuple[bool, bool, int, float]:
+    def rank(n: NodeView) -> tuple[bool, bool, float, float]:
         rating = NEUTRAL_RATING if n.rating is None else n.rating
-        return (n.conn_id in last, not n.has_capacity, n.in_flight, -rating)
+        return (n.conn_id in last, not n.has_capacity, n.load, -rating)
 
     if limit is not None and limit < len(nodes):
         # nsmallest is stable (equal ranks keep their shuffled order), like sorted()[:limit].
