@@ -16,6 +16,8 @@ catalog that placement charges against each node's memory budget.
     memory_gb = 24           # its memory budget
     max_parallel = 2
     weight = 1.0             # relative share of placement (core/placement.py: "Weight")
+    telemetry_url = "http://box-c:9105/telemetry"   # as for a node: polled by the monitor
+    api_key_file = "/etc/gemmanet/box-c.key"      # read at start, sent as a Bearer token
 
     [keys."batch-jobs"]      # an API key, by the name it was created with
     priority = 1             # its weight in the fair admission queue, 1-100 (over the key's own)
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.errors import SettingsError
+from coordinator.log_redaction import register_secret
 from protocol.constraints import MAX_PARALLEL, MAX_VRAM_GB
 
 _HOST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -69,6 +72,14 @@ class HostSpec:
     memory_gb: float | None = None
     max_parallel: int = 1
     weight: float = 1.0
+    #: where the host's ``gemmanet telemetry-agent`` answers (read-only, as for a node)
+    telemetry_url: str | None = None
+    #: the key its ``api_key_file`` holds (never in a repr: a settings dump cannot show it)
+    api_key: str | None = field(default=None, repr=False)
+
+    def auth_headers(self) -> dict[str, str]:
+        """What every request to the host carries: its API key, when it has one."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 @dataclass(frozen=True)
@@ -185,7 +196,11 @@ def _host(where: str, host_id: str, raw: object) -> HostSpec:
     if not _HOST_ID.fullmatch(host_id):
         raise SettingsError(f"{where}: a host id may hold only [A-Za-z0-9._:-], 1 to 64 of them")
     entry = _table(where, raw)
-    _check_keys(where, entry, {"url", "kind", "memory_gb", "max_parallel", "weight"})
+    _check_keys(
+        where,
+        entry,
+        {"url", "kind", "memory_gb", "max_parallel", "weight", "telemetry_url", "api_key_file"},
+    )
     url = _http_url(where, entry, "url")
     if url is None:
         raise SettingsError(f"{where}.url is required (the host's http:// or https:// base URL)")
@@ -206,7 +221,36 @@ def _host(where: str, host_id: str, raw: object) -> HostSpec:
         memory_gb=_number(where, entry, "memory_gb", MAX_VRAM_GB),
         max_parallel=1 if parallel is None else int(parallel),
         weight=1.0 if weight is None else weight,
+        telemetry_url=_http_url(where, entry, "telemetry_url"),
+        api_key=_api_key(where, entry.get("api_key_file")),
     )
+
+
+#: an API key is one line of printable ASCII (it goes into an HTTP header)
+_API_KEY = re.compile(r"[\x21-\x7e]{1,4096}")
+
+
+def _api_key(where: str, path: object) -> str | None:
+    """The key the file holds (surrounding whitespace dropped), registered as a secret so no
+    log line can show it; refused in one line naming the file, never the content."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path:
+        raise SettingsError(f"{where}.api_key_file must be the path of a file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            key = handle.read(8192).strip()
+    except OSError as exc:
+        raise SettingsError(f"{where}.api_key_file = {path!r}: cannot read it: {exc.strerror}")
+    except UnicodeDecodeError:
+        raise SettingsError(f"{where}.api_key_file = {path!r} is not UTF-8 text") from None
+    if not _API_KEY.fullmatch(key):
+        raise SettingsError(
+            f"{where}.api_key_file = {path!r} must hold one API key: one line of printable "
+            "characters without spaces"
+        )
+    register_secret(key)
+    return key
 
 
 def load_capacity(path: str) -> Capacity:

@@ -165,7 +165,8 @@ class HostCalls:
         assert self._client is not None
         spec = self._hosts[effect.host_id]
         call = ollama_call if spec.kind == "ollama" else openai_call
-        return stream_call(self._client, spec.url, call(Generation.of(effect.envelope)))
+        call_ = call(Generation.of(effect.envelope))
+        return stream_call(self._client, spec.url, call_, spec.auth_headers())
 
 
 def _seconds(elapsed: float) -> float:

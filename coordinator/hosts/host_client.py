@@ -14,7 +14,7 @@ caller owns the ``httpx.AsyncClient`` (no read timeout on it: the task's timeout
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 
 import httpx
@@ -34,12 +34,17 @@ __all__ = ["describe", "stream_call"]
 
 
 async def stream_call(
-    client: httpx.AsyncClient, base_url: str, call: ServerCall
+    client: httpx.AsyncClient,
+    base_url: str,
+    call: ServerCall,
+    auth: Mapping[str, str] | None = None,
 ) -> AsyncGenerator[str | Finish, None]:
-    """The output deltas of ``call`` posted to ``base_url``, then its Finish."""
+    """The output deltas of ``call`` posted to ``base_url``, then its Finish. ``auth``: the
+    host's ``Authorization`` header, when it has an API key (no error message quotes it)."""
+    headers = {**call.request_headers, **(auth or {})}
     try:
         async with client.stream(
-            "POST", f"{base_url}{call.path}", json=call.body, headers=call.request_headers
+            "POST", f"{base_url}{call.path}", json=call.body, headers=headers
         ) as response:
             if response.status_code != 200:
                 raise await _status_error(call.server, response)

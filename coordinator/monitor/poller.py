@@ -3,7 +3,8 @@
 Ollama: ``GET /api/ps`` (the models loaded in memory, ``size`` in bytes) and ``GET
 /api/tags`` (the models it has). OpenAI-compatible: ``GET /v1/models``; an answer is the
 health check, and such a server does not say what is loaded, so ``resident`` stays empty.
-A host that does not answer in time, answers with an error, or answers nonsense is
+Each request carries the host's API key (``api_key_file``) when it has one. A host that does
+not answer in time, answers with an error, or answers nonsense is
 ``reachable: false`` with an ``error``: a fact too (placement must not use it). An answer is read
 as sent (asked for unencoded) and to ``MAX_BODY_BYTES`` (1 MiB, ``protocol/model_servers/``) at
 most, an error answer not at all: a host cannot make its monitor hold more than that.
@@ -28,8 +29,8 @@ class _BadAnswer(Exception):
     pass
 
 
-async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
-    async with client.stream("GET", url, headers=UNENCODED) as response:
+async def _get_json(client: httpx.AsyncClient, url: str, auth: dict[str, str]) -> Any:
+    async with client.stream("GET", url, headers={**UNENCODED, **auth}) as response:
         if response.status_code != 200:
             where = url.rsplit("/", 2)[-2:]
             raise _BadAnswer(f"GET {where} answered HTTP {response.status_code}")
@@ -51,9 +52,11 @@ def _names(answer: Any, list_key: str, name_key: str) -> list[dict[str, Any]]:
     return [i for i in items if isinstance(i, dict) and isinstance(i.get(name_key), str)]
 
 
-async def _ollama(client: httpx.AsyncClient, base: str) -> tuple[dict[str, float], list[str]]:
-    loaded = _names(await _get_json(client, base + "/api/ps"), "models", "name")
-    tags = _names(await _get_json(client, base + "/api/tags"), "models", "name")
+async def _ollama(
+    client: httpx.AsyncClient, base: str, auth: dict[str, str]
+) -> tuple[dict[str, float], list[str]]:
+    loaded = _names(await _get_json(client, base + "/api/ps", auth), "models", "name")
+    tags = _names(await _get_json(client, base + "/api/tags", auth), "models", "name")
     resident = {}
     for entry in loaded:
         size = entry.get("size")
@@ -62,8 +65,10 @@ async def _ollama(client: httpx.AsyncClient, base: str) -> tuple[dict[str, float
     return resident, sorted({entry["name"] for entry in tags} | set(resident))
 
 
-async def _openai(client: httpx.AsyncClient, base: str) -> tuple[dict[str, float], list[str]]:
-    models = _names(await _get_json(client, base + "/v1/models"), "data", "id")
+async def _openai(
+    client: httpx.AsyncClient, base: str, auth: dict[str, str]
+) -> tuple[dict[str, float], list[str]]:
+    models = _names(await _get_json(client, base + "/v1/models", auth), "data", "id")
     return {}, sorted({entry["id"] for entry in models})
 
 
@@ -77,7 +82,7 @@ async def poll_host(
     with trio.move_on_after(timeout_s):
         try:
             poll = _ollama if spec.kind == "ollama" else _openai
-            resident, models = await poll(client, spec.url)
+            resident, models = await poll(client, spec.url, spec.auth_headers())
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"[:200]
         except _BadAnswer as exc:

@@ -1,9 +1,10 @@
 """The primary monitor's polls of the telemetry agents the operator file names.
 
 A node entry may say where its machine's ``gemmanet telemetry-agent`` answers
-(``telemetry_url`` under ``[nodes."ID"]``). While its candidate is primary, the monitor fetches
-every such URL once per ``GEMMANET_TELEMETRY_INTERVAL_S`` (all at once, each bounded by the poll
-timeout) and appends what ``protocol.parse_sample`` accepts to the node's history in the shared
+(``telemetry_url`` under ``[nodes."ID"]``), and so may a direct host's (under ``[hosts."ID"]``;
+it wins over a ``[nodes]`` entry of the same id, which older files used for hosts). While its
+candidate is primary, the monitor fetches every such URL once per
+``GEMMANET_TELEMETRY_INTERVAL_S`` (all at once, each bounded by the poll timeout) and appends what ``protocol.parse_sample`` accepts to the node's history in the shared
 store — the same history agent nodes fill through their heartbeats, read by
 ``/api/v1/nodes`` and ``/api/v1/nodes/{id}/telemetry``.
 
@@ -29,7 +30,7 @@ from coordinator.settings import Settings
 from protocol.model_servers import UNENCODED, encoded, whole_body
 from protocol.telemetry import encode_sample, parse_sample
 
-__all__ = ["poll_telemetry_agents", "run_telemetry_polls"]
+__all__ = ["poll_telemetry_agents", "run_telemetry_polls", "telemetry_agents"]
 
 log = logging.getLogger("gemmanet.monitor")
 
@@ -54,15 +55,19 @@ async def _fetch(client: httpx.AsyncClient, url: str, timeout_s: float) -> bytes
     return body
 
 
+def telemetry_agents(settings: Settings) -> dict[str, str]:
+    """Node or host id -> the URL of its telemetry agent, by id."""
+    capacity = settings.capacity
+    agents = {node_id: spec.telemetry_url for node_id, spec in capacity.nodes.items()}
+    agents |= {h: spec.telemetry_url for h, spec in capacity.hosts.items() if spec.telemetry_url}
+    return {id_: url for id_, url in sorted(agents.items()) if url}
+
+
 async def poll_telemetry_agents(
     client: httpx.AsyncClient, coordination: TelemetryStore, settings: Settings
 ) -> dict[str, bool]:
-    """One round: node id -> whether a valid sample was stored."""
-    agents = {
-        node_id: spec.telemetry_url
-        for node_id, spec in sorted(settings.capacity.nodes.items())
-        if spec.telemetry_url
-    }
+    """One round: node (or host) id -> whether a valid sample was stored."""
+    agents = telemetry_agents(settings)
     answers: dict[str, bytes | None] = {}
 
     async def one(node_id: str, url: str) -> None:
@@ -96,7 +101,7 @@ async def run_telemetry_polls(
     is_primary: Callable[[], bool],
 ) -> None:
     """Forever: a round every telemetry interval while ``is_primary()``."""
-    if not any(spec.telemetry_url for spec in settings.capacity.nodes.values()):
+    if not telemetry_agents(settings):
         return
     while True:
         if is_primary():

@@ -1,6 +1,6 @@
 """The primary monitor polls the telemetry agents the operator file names (``telemetry_url``
-under ``[nodes."ID"]``) and keeps each node's history in the shared store; a standby polls
-nothing. Real ``gemmanet telemetry-agent`` process over a real socket; an agent that is down and
+under ``[nodes."ID"]`` or ``[hosts."ID"]``) and keeps each one's history in the shared store; a
+standby polls nothing. Real ``gemmanet telemetry-agent`` process over a real socket; an agent that is down and
 a URL that answers something other than a sample store nothing."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from coordinator.capacity import Capacity, NodeBudget
+from coordinator.capacity import Capacity, HostSpec, NodeBudget
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.monitor.loop import run_monitor
 from coordinator.settings import Settings
@@ -60,6 +60,8 @@ async def test_the_primary_keeps_each_agents_history_and_a_standby_polls_nothing
 ) -> None:
     ollama_url = await nursery.start(FakeOllama(models=["m"]).run)
     capacity = Capacity(
+        # A direct host names its agent in [hosts] itself: no [nodes] entry of its id.
+        hosts={"box-c": HostSpec(url=ollama_url, kind="ollama", telemetry_url=agent_url)},
         nodes={
             "with-agent": NodeBudget(telemetry_url=agent_url),
             "agent-down": NodeBudget(telemetry_url=f"http://127.0.0.1:{free_port()}/telemetry"),
@@ -91,10 +93,12 @@ async def test_the_primary_keeps_each_agents_history_and_a_standby_polls_nothing
             )
         )
         with trio.fail_after(10):
-            while len(await coordination.telemetry.telemetry_history("with-agent")) < 3:
-                await trio.sleep(0.05)
+            for polled in ("with-agent", "box-c"):
+                while len(await coordination.telemetry.telemetry_history(polled)) < 3:
+                    await trio.sleep(0.05)
         stop.set()
-        samples = await coordination.telemetry.telemetry_history("with-agent")
-        assert all(b'"cpu_busy"' in s for s in samples), samples
+        for polled in ("with-agent", "box-c"):
+            samples = await coordination.telemetry.telemetry_history(polled)
+            assert all(b'"cpu_busy"' in s for s in samples), samples
         for node in ("agent-down", "not-a-sample", "no-agent"):
             assert await coordination.telemetry.telemetry_history(node) == [], node

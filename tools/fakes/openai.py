@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible server: ``POST /v1/chat/completions`` (SSE ``chat.completion.chunk``
 stream or one ``chat.completion`` object), ``POST /v1/completions`` (SSE or one
 ``text_completion``) and ``GET /v1/models``. With ``api_key`` set it demands ``Authorization:
-Bearer <key>``.
+Bearer <key>`` on every route, the model list included (as OpenAI does).
 
 A chat answers with the content of the last user message, a completion with the prompt, word by
 word, honouring ``max_tokens`` and ``stop``; with ``stream_options.include_usage`` the stream
@@ -72,6 +72,8 @@ class FakeOpenAI(FakeModelServer):
     async def handle(self, request: Request) -> Response:
         route = (request.method, request.path)
         if route == ("GET", "/v1/models") and self.lists_models:
+            if not self._authorized(request):
+                return _unauthorized()
             names = sorted(self.models) if self.models is not None else []
             return Response(200, {"object": "list", "data": [_model(name) for name in names]})
         if route in (("POST", "/v1/chat/completions"), ("POST", "/v1/completions")):
@@ -107,10 +109,7 @@ class FakeOpenAI(FakeModelServer):
             )
         self.record(request, body)
         if not self._authorized(request):
-            return Response(
-                401,
-                _error("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
-            )
+            return _unauthorized()
         chat = request.path == "/v1/chat/completions"
         try:
             params = types.check_chat(body) if chat else types.check_completion(body)
@@ -238,6 +237,11 @@ def _refusal(problem: Problem) -> dict[str, Any]:
     error = _error(message, "invalid_request_error")
     error["error"]["param"] = problem.loc or None
     return error
+
+
+def _unauthorized() -> Response:
+    error = _error("Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+    return Response(401, error)
 
 
 def _model(name: str) -> dict[str, Any]:
