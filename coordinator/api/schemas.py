@@ -177,6 +177,9 @@ class NodeInfo(_Response):
     # "old_epoch" (written under an earlier monitor epoch), "stale" (older than
     # GEMMANET_RESIDENCY_STALE_S).
     host_state: str | None = None
+    # Why ``host_state`` is not "ok" (None while it is, or null): an agent node's own account
+    # of its backend (``backend_down``), or why a direct host's facts are not trusted.
+    host_reason: str | None = None
 
 
 class NodesResponse(_Response):

@@ -4,7 +4,7 @@ instance's own state plus the last snapshots of its live peers. Pure."""
 from __future__ import annotations
 
 from coordinator.core import registry
-from coordinator.core.direct_hosts import DIRECT_OWNER
+from coordinator.core.direct_hosts import DIRECT_OWNER, state_reason
 from coordinator.core.instance_machine import InstanceMachine
 
 
@@ -68,7 +68,8 @@ def diagnostics(
 
 def host_infos(machine: InstanceMachine, now: float) -> dict[str, dict[str, object]]:
     """Every configured direct host (``kind: "direct"``, no owner instance), with whether
-    placement may use it now (``host_state``) and, only while it may, the models it serves;
+    placement may use it now (``host_state``, and ``host_reason``: why not) and, only while it
+    may, the models it serves;
     ``in_flight`` counts this instance's calls (other instances call it too)."""
     hosts = machine.hosts
     infos: dict[str, dict[str, object]] = {}
@@ -79,6 +80,7 @@ def host_infos(machine: InstanceMachine, now: float) -> dict[str, dict[str, obje
             "instance_id": DIRECT_OWNER,
             "kind": "direct",
             "host_state": state,
+            "host_reason": state_reason(state, read),
             "models": sorted(read.serves()) if read is not None and state == "ok" else [],
             "max_parallel": terms.max_parallel,
             "in_flight": hosts.in_flight(host_id),
@@ -101,7 +103,8 @@ def node_infos(
     """Every online node, here or on a live peer, by node id (one entry per identity: the
     local connection wins while an identity moves between instances), with its lease usage
     (``usage``: node id -> (leases, memory in use in GB); None: the store could not be read).
-    An agent node whose backend is down lists no models, with ``host_state`` ``unreachable``.
+    An agent node whose backend is down lists no models, with ``host_state`` ``unreachable`` and
+    its agent's account of why as ``host_reason``.
     Given ``now``, the direct hosts too."""
     infos: dict[str, dict[str, object]] = {}
     for conn in machine.owner.nodes.connections():
@@ -115,6 +118,7 @@ def node_infos(
             "agent_version": conn.agent_version,
             "connected_at": conn.connected_at,
             "host_state": _agent_host_state(conn.backend_down),
+            "host_reason": conn.backend_down,
         }
     for snap in machine.peers():
         for entry in snap.nodes:
@@ -130,6 +134,7 @@ def node_infos(
                     "agent_version": entry.agent_version,
                     "connected_at": entry.connected_at,
                     "host_state": _agent_host_state(entry.backend_down),
+                    "host_reason": entry.backend_down,
                 },
             )
     if now is not None:

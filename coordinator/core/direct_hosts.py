@@ -41,6 +41,7 @@ __all__ = [
     "HostTerms",
     "host_conn_id",
     "host_state",
+    "state_reason",
 ]
 
 #: the connection id of a direct host starts with this (node connection ids never do)
@@ -79,9 +80,25 @@ class HostRead:
     models: frozenset[str] = frozenset()
     #: model -> GB loaded in memory now
     resident: Mapping[str, float] = field(default_factory=dict)
+    #: why the monitor's poll failed (its facts' ``error``), when it did
+    error: str | None = None
 
     def serves(self) -> frozenset[str]:
         return self.models | frozenset(self.resident)
+
+
+def state_reason(state: HostState, read: HostRead | None) -> str | None:
+    """The sentence an operator reads beside a host's state (None while it is "ok")."""
+    if state == "ok":
+        return None
+    if state == "unreachable":
+        error = read.error if read is not None and read.error else "no reason given"
+        return f"the monitor's last poll failed: {error}"
+    return {
+        "no_facts": "no facts from a monitor yet (is one running?)",
+        "old_epoch": "its facts were written under an earlier monitor epoch",
+        "stale": "its facts are older than GEMMANET_RESIDENCY_STALE_S",
+    }[state]
 
 
 def host_state(

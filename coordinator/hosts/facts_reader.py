@@ -50,6 +50,7 @@ _SAYS = {
 
 def host_read(facts: HostFacts, read_at: float) -> HostRead:
     models = facts.record.get("models")
+    error = facts.record.get("error")
     resident = {
         str(m): float(gb)
         for m, gb in facts.resident.items()
@@ -62,6 +63,7 @@ def host_read(facts: HostFacts, read_at: float) -> HostRead:
         read_at=read_at,
         models=frozenset(str(m) for m in models) if isinstance(models, list) else frozenset(),
         resident=resident,
+        error=str(error)[:200] if error is not None and not facts.reachable else None,
     )
 
 

@@ -41,6 +41,7 @@ def test_a_node_whose_backend_is_down_gets_nothing_until_it_answers_again() -> N
     # Still listed (it is connected), with no models and why.
     assert info(cluster, "A", "n1")["models"] == []
     assert info(cluster, "A", "n1")["host_state"] == "unreachable"
+    assert info(cluster, "A", "n1")["host_reason"] == DOWN  # the agent's own words
     assert cluster_view.served_models(cluster.machines["A"]) == []
     # Every heartbeat says it again; another wording of the same state changes nothing.
     roster = nodes.roster_changes
@@ -52,6 +53,7 @@ def test_a_node_whose_backend_is_down_gets_nothing_until_it_answers_again() -> N
     cluster.node_says(node.conn_id, Heartbeat())  # it answers again
     assert info(cluster, "A", "n1")["models"] == ["m", "m2"]
     assert info(cluster, "A", "n1")["host_state"] is None
+    assert info(cluster, "A", "n1")["host_reason"] is None
     cluster.submit("A", "t2", model="m2")
     cluster.node_says(node.conn_id, Result(task_id="t2", output="p"))
     assert outcome(cluster, "t2") == [("done", "p")]
@@ -86,6 +88,7 @@ def test_peers_stop_placing_on_it_once_its_snapshot_says_so() -> None:
     with pytest.raises(NoNodeForModel):
         cluster.submit("B", "t1")
     assert info(cluster, "B", "n1")["host_state"] == "unreachable"
+    assert info(cluster, "B", "n1")["host_reason"] == DOWN  # through A's snapshot
     assert info(cluster, "B", "n1")["models"] == []
     cluster.node_says(node.conn_id, Heartbeat())
     cluster.share_snapshots()

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from coordinator.core import cluster_view
 from coordinator.core.direct_hosts import DirectHosts, HostRead, HostTerms, host_state
 from coordinator.core.effects import (
     CallHost,
@@ -84,6 +85,27 @@ def test_facts_of_another_epoch_fail_closed(current: int | None) -> None:
 
 def test_an_unreachable_host_is_no_candidate() -> None:
     assert state(read(reachable=False)) == "unreachable"
+
+
+@pytest.mark.parametrize(
+    "facts, epoch, state, reason",
+    [
+        (read(), EPOCH, "ok", None),
+        (None, EPOCH, "no_facts", "no facts from a monitor yet (is one running?)"),
+        (read(age_s=STALE_S + 1), EPOCH, "stale", "older than GEMMANET_RESIDENCY_STALE_S"),
+        (read(), EPOCH + 1, "old_epoch", "an earlier monitor epoch"),
+        (
+            HostRead(reachable=False, epoch=EPOCH, age_s=1.0, read_at=100.0, error="refused"),
+            EPOCH,
+            "unreachable",
+            "the monitor's last poll failed: refused",
+        ),
+    ],
+)
+def test_the_node_list_says_why_a_host_is_no_candidate(facts, epoch, state, reason) -> None:  # type: ignore[no-untyped-def]
+    [info] = cluster_view.host_infos(machine(facts, epoch), 100.0).values()
+    assert info["host_state"] == state
+    assert info["host_reason"] == reason or (reason and reason in str(info["host_reason"]))
 
 
 # -- the machine -------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ async def test_the_primary_keeps_each_agents_history_and_a_standby_polls_nothing
             "agent-down": NodeBudget(telemetry_url=f"http://127.0.0.1:{free_port()}/telemetry"),
             "not-a-sample": NodeBudget(telemetry_url=f"{ollama_url}/api/tags"),
             "no-agent": NodeBudget(),
-        }
+        },
     )
     settings = Settings(capacity=capacity, **FAST)  # type: ignore[arg-type]
     coordination = MemoryCoordination(trio.current_time)

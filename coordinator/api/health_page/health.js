@@ -1,5 +1,6 @@
 // System Health page: polls GET /api/v1/cluster every 2 s with the API key kept in this tab's
-// sessionStorage, and draws each node's VRAM and GTT history as two separate SVG charts.
+// sessionStorage, and draws each node's CPU busy, GPU busy, VRAM and GTT history as four
+// separate SVG charts.
 // Hand-written on purpose: no framework, no chart library, nothing from another origin.
 // Text from the server is only ever set as textContent (never parsed as HTML).
 "use strict";
@@ -175,6 +176,19 @@
     $("instances").tBodies[0].replaceChildren(...rows);
   }
 
+  // Whether placement may use the node, and if not why: an agent node's own account of its
+  // backend, or why a direct host's facts are not trusted. null host_state: an agent that
+  // serves what it said in its hello.
+  function stateCell(n) {
+    const state = n.host_state === null || n.host_state === undefined ? "ok" : n.host_state;
+    const cell = element("td", state === "ok" ? "host-ok" : "host-bad", state);
+    cell.dataset.hostState = state;
+    if (n.host_reason) {
+      cell.append(element("div", "meta host-reason", n.host_reason));
+    }
+    return cell;
+  }
+
   function renderNodes(nodes) {
     const rows = nodes.map((n) => {
       const row = element("tr");
@@ -190,6 +204,7 @@
         element("td", "", n.leases === null ? "?" : n.leases),
         element("td", "", memory),
         element("td", "", rating),
+        stateCell(n),
       );
       return row;
     });
@@ -204,16 +219,22 @@
     const title = element("h3", "", node.node_id);
     const owner = element("div", "meta");
     const latest = element("div", "meta latest");
-    const vram = svgElement("svg", { class: "chart", "data-chart": "vram", viewBox: `0 0 ${CHART_W} ${CHART_H}`, preserveAspectRatio: "none", role: "img", "aria-label": "VRAM" });
-    const gtt = svgElement("svg", { class: "chart", "data-chart": "gtt", viewBox: `0 0 ${CHART_W} ${CHART_H}`, preserveAspectRatio: "none", role: "img", "aria-label": "GTT" });
+    const chart = (name, label) =>
+      svgElement("svg", { class: "chart", "data-chart": name, viewBox: `0 0 ${CHART_W} ${CHART_H}`, preserveAspectRatio: "none", role: "img", "aria-label": label });
+    const cpu = chart("cpu", "CPU busy");
+    const gpu = chart("gpu", "GPU busy");
+    const vram = chart("vram", "VRAM");
+    const gtt = chart("gtt", "GTT");
     const derived = element("div", "meta derived");
     root.append(
       title, owner, latest,
+      element("div", "chart-title", "CPU busy"), cpu,
+      element("div", "chart-title", "GPU busy"), gpu,
       element("div", "chart-title", "VRAM (dedicated GPU memory)"), vram,
       element("div", "chart-title", "GTT (system memory mapped for the GPU)"), gtt,
       derived,
     );
-    entry = { root, owner, latest, vram, gtt, derived };
+    entry = { root, owner, latest, cpu, gpu, vram, gtt, derived };
     cards.set(node.node_id, entry);
     return entry;
   }
@@ -240,13 +261,16 @@
       seen.add(node.node_id);
       ordered.push(entry.root);
       const samples = histories[index];
-      entry.owner.textContent = `on instance ${node.instance_id}`;
+      entry.owner.textContent =
+        node.kind === "direct" ? "direct host (no instance owns it)" : `on instance ${node.instance_id}`;
       const last = samples.length ? samples[samples.length - 1] : null;
       entry.latest.textContent = last
         ? `CPU ${percent(last.cpu_busy)} · GPU ${percent(last.gpu_busy)} · RAM ${gb(last.memory_used_gb)} / ${gb(last.memory_total_gb)}`
         : "no samples yet";
-      drawChart(entry.vram, samples, "vram_used_gb", "vram_total_gb", "used-vram");
-      drawChart(entry.gtt, samples, "gtt_used_gb", "gtt_total_gb", "used-gtt");
+      drawChart(entry.cpu, samples, BUSY("cpu_busy", "used-cpu"));
+      drawChart(entry.gpu, samples, BUSY("gpu_busy", "used-gpu"));
+      drawChart(entry.vram, samples, MEMORY("vram_used_gb", "vram_total_gb", "used-vram"));
+      drawChart(entry.gtt, samples, MEMORY("gtt_used_gb", "gtt_total_gb", "used-gtt"));
       entry.derived.textContent = derivedTotal(last);
     });
     for (const id of [...cards.keys()]) if (!seen.has(id)) cards.delete(id);
@@ -264,7 +288,19 @@
     return `derived: VRAM + GTT in use ${gb(used)}${total}`;
   }
 
-  function drawChart(svg, samples, usedKey, totalKey, usedClass) {
+  // What one chart plots. Memory: used against its total (a dashed line), scaled to the
+  // larger. Busy: a fraction 0..1, on a fixed scale of 0 to 100%.
+  const MEMORY = (usedKey, totalKey, usedClass) => ({
+    usedKey, totalKey, usedClass, top: null,
+    label: (last) => `${gb(last[usedKey])} used of ${gb(last[totalKey])}`,
+  });
+  const BUSY = (usedKey, usedClass) => ({
+    usedKey, totalKey: null, usedClass, top: 1,
+    label: (last) => `${percent(last[usedKey])} busy`,
+  });
+
+  function drawChart(svg, samples, spec) {
+    const { usedKey, totalKey, usedClass } = spec;
     const points = samples.filter((s) => s[usedKey] !== null && s[usedKey] !== undefined);
     svg.replaceChildren();
     svg.dataset.samples = String(points.length);
@@ -276,7 +312,8 @@
     }
     const t0 = points[0].at;
     const span = Math.max(points[points.length - 1].at - t0, 1e-9);
-    const top = Math.max(...points.map((s) => Math.max(s[usedKey], s[totalKey] ?? 0)), 1e-9);
+    const top =
+      spec.top ?? Math.max(...points.map((s) => Math.max(s[usedKey], s[totalKey] ?? 0)), 1e-9);
     const x = (s) => (points.length === 1 ? CHART_W : ((s.at - t0) / span) * CHART_W).toFixed(1);
     const y = (v) => (CHART_H - 4 - (v / top) * (CHART_H - 20)).toFixed(1);
     const line = (key, className) =>
@@ -287,12 +324,12 @@
           .map((s) => `${x(s)},${y(s[key])}`)
           .join(" "),
       });
-    if (points.some((s) => s[totalKey] != null)) svg.append(line(totalKey, "total"));
+    if (totalKey && points.some((s) => s[totalKey] != null)) svg.append(line(totalKey, "total"));
     svg.append(line(usedKey, `used ${usedClass}`));
     const last = points[points.length - 1];
     svg.append(svgElement("circle", { cx: x(last), cy: y(last[usedKey]), r: 2.5, class: usedClass }));
     const label = svgElement("text", { x: 6, y: 12 });
-    label.textContent = `${gb(last[usedKey])} used of ${gb(last[totalKey])}`;
+    label.textContent = spec.label(last);
     svg.append(label);
   }
 
