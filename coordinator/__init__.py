@@ -5,6 +5,7 @@ versions.py       the check that a dependency is a release our workarounds know
 cli.py            the ``gemmanet`` command line
 cli_help.py       its help: the settings each command lists, -v on every command
 cli_keys.py       ``gemmanet keys list|revoke|rotate`` and ``gemmanet nodes list|revoke``
+cli_monitor.py    ``gemmanet monitor`` and ``gemmanet prove-takeover``: arguments, handlers
 settings.py       GEMMANET_* environment settings
 settings_docs.py  what each setting means, for the generated reference (docs/interface.md)
 settings_values.py  how each setting's text becomes its value (the parsers VARIABLES names)

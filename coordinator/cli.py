@@ -26,6 +26,7 @@ from coordinator.cli_help import (
     verbose_everywhere,
 )
 from coordinator.cli_keys import add_lifecycle_commands, keys_create
+from coordinator.cli_monitor import add_monitor_commands
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -126,44 +127,6 @@ def _telemetry_agent(args: argparse.Namespace) -> int:
             raise
         cause = reason.strerror or reason
         raise StartupRefused(f"cannot listen on {args.host}:{port}: {cause}") from None
-
-
-def _monitor(args: argparse.Namespace) -> int:
-    from coordinator.monitor.command import run_monitor_command
-    from coordinator.settings import Settings
-
-    return run_monitor_command(Settings.from_env(), candidate=args.id, events=args.events)
-
-
-def _prove_takeover(args: argparse.Namespace) -> int:
-    from coordinator.monitor.prove_takeover import run_prove_takeover
-    from coordinator.settings import Settings
-
-    return run_prove_takeover(Settings.from_env(), repeat=args.repeat, gate=args.handover_gate)
-
-
-def _add_monitor_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    monitor = sub.add_parser(
-        "monitor", help="run an elected residency monitor candidate (needs GEMMANET_REDIS_URL)"
-    )
-    monitor.add_argument("--id", default=None, help="candidate id (default: monitor-<random>)")
-    monitor.add_argument(
-        "--events", action="store_true", help="print one JSON line per event on stdout"
-    )
-    monitor.set_defaults(handler=_monitor)
-    prove = sub.add_parser(
-        "prove-takeover",
-        help="pause a primary monitor, check the standby takes over and fencing holds",
-    )
-    prove.add_argument("--repeat", type=int, default=3, metavar="N", help="runs (default 3)")
-    prove.add_argument(
-        "--handover-gate",
-        choices=("strict",),
-        default="strict",
-        help="the only gate, and the default: strict = zero owner loss, zero successful "
-        "deposed writes, every handover inside GEMMANET_RESIDENCY_STALE_S",
-    )
-    prove.set_defaults(handler=_prove_takeover)
 
 
 def _redis_acl(args: argparse.Namespace) -> int:
@@ -382,7 +345,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _sim_arguments(sim)
     sim.set_defaults(handler=_sim)
 
-    _add_monitor_commands(sub)
+    add_monitor_commands(sub)
     _add_audit_command(sub)
     for name, fields in (("monitor", MONITOR_SETTINGS), ("audit", AUDIT_SETTINGS)):
         if wanted(name):

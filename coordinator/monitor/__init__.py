@@ -9,5 +9,6 @@ telemetry_poll.py  the primary's polls of the operator file's telemetry agents (
 command.py         ``gemmanet monitor``: the loop as a process of its own
 prove_takeover.py  ``gemmanet prove-takeover``: pause the primary, judge the handover
 takeover_run.py    one prove-takeover run: the processes, the observations, the numbers
+deployed_takeover.py  ``--against-deployed``: the same gate on the monitors that really run
 ollama_listing.py  the Ollama host prove-takeover serves: /api/tags and /api/ps, no generation
 """

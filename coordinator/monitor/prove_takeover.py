@@ -13,6 +13,9 @@ GEMMANET_MONITOR_UNFENCED) apply to them.
 Gate ``strict``: every run has zero owner loss before the stop, zero successful writes from the
 deposed owner, at least one attempted (or the run proved nothing), and a handover no longer
 than GEMMANET_RESIDENCY_STALE_S. Exit code 0 only when the gate passes.
+
+``--against-deployed`` runs the same gate once on the monitors that really run, under the
+configured prefix (``deployed_takeover.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from coordinator.coordination.keys import (
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.redis.coordination import RedisCoordination
 from coordinator.errors import SettingsError, StartupRefused
+from coordinator.monitor.deployed_takeover import DeployedTakeover
 from coordinator.monitor.ollama_listing import OllamaListingHost
 from coordinator.monitor.takeover_run import RunResult, TakeoverRun
 from coordinator.monitor.timing import check_monitor_bound, monitor_bound_sum
@@ -119,7 +123,46 @@ async def _prove(settings: Settings, repeat: int, workdir: str) -> list[RunResul
     return results
 
 
-def run_prove_takeover(settings: Settings, *, repeat: int, gate: str) -> int:
+async def _prove_deployed(
+    settings: Settings, primary: str, pid: int | None, timeout_s: float
+) -> RunResult:
+    coordination = _coordination(settings, settings.key_prefix)
+    async with coordination:
+        await coordination.ping()
+        proof = DeployedTakeover(
+            coordination.monitor,
+            settings,
+            primary=primary,
+            pid=pid,
+            timeout_s=timeout_s,
+            say=lambda line: print(f"prove-takeover: {line}", flush=True),
+        )
+        return await proof.execute()
+
+
+def _check_deployed(settings: Settings, primary: str | None, pid: int | None) -> str:
+    if not primary:
+        raise SettingsError("--against-deployed needs --primary ID: the monitor to stop")
+    if pid is not None and pid <= 1:
+        raise SettingsError(f"--pid {pid}: not a process this command may stop")
+    if not settings.capacity.hosts:
+        raise SettingsError(
+            "--against-deployed needs the monitors' operator file (GEMMANET_CAPACITY_FILE with "
+            "[hosts]): the facts it checks are those of its hosts"
+        )
+    return primary
+
+
+def run_prove_takeover(
+    settings: Settings,
+    *,
+    repeat: int,
+    gate: str,
+    against_deployed: bool = False,
+    primary: str | None = None,
+    pid: int | None = None,
+    timeout_s: float = 300.0,
+) -> int:
     if gate != "strict":
         raise SettingsError(f"--handover-gate {gate!r}: only 'strict' exists")
     if not 1 <= repeat <= 100:
@@ -130,6 +173,20 @@ def run_prove_takeover(settings: Settings, *, repeat: int, gate: str) -> int:
         )
     check_monitor_bound(settings)
     window = settings.residency_stale_s
+    if against_deployed:
+        name = _check_deployed(settings, primary, pid)
+        print(f"prove-takeover: the deployed monitors, window {window:g} s", flush=True)
+        try:
+            result = trio.run(_prove_deployed, settings, name, pid, timeout_s)
+        except* CoordinationUnavailable as group:
+            first_error: BaseException = group
+            while isinstance(first_error, BaseExceptionGroup):
+                first_error = first_error.exceptions[0]
+            raise StartupRefused(f"prove-takeover: Redis is unreachable: {first_error}") from None
+        print(describe_run(1, 1, result, window), flush=True)
+        verdict = "PASS" if result.passes(window) else "FAIL"
+        print(f"handover gate strict on the deployed monitors: {verdict}", flush=True)
+        return 0 if verdict == "PASS" else 1
     print(
         f"prove-takeover: {repeat} run(s), staleness window {window:g} s, "
         f"timing bound {monitor_bound_sum(settings)}"

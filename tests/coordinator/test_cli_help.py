@@ -63,12 +63,14 @@ def test_help_and_version_load_nothing_of_the_server_or_the_coordinator(argv: li
     )
     assert isinstance(modules, list)
     ours = sorted(m for m in modules if m.partition(".")[0] in ("coordinator", "tools", "sim"))
-    # cli_keys defines the keys/nodes actions; like cli_help it imports the standard library only.
+    # cli_keys defines the keys/nodes actions, cli_monitor the monitor's; like cli_help they
+    # import the standard library only.
     assert ours == [
         "coordinator",
         "coordinator.cli",
         "coordinator.cli_help",
         "coordinator.cli_keys",
+        "coordinator.cli_monitor",
     ], ours
 
 
