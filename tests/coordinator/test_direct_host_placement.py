@@ -90,7 +90,8 @@ def test_an_unreachable_host_is_no_candidate() -> None:
 
 
 def machine(facts: HostRead | None = None, epoch: int | None = EPOCH) -> InstanceMachine:
-    hosts = DirectHosts("A", {"box": HostTerms("ollama", max_parallel=2)}, STALE_S)
+    # The gate open (core/host_gate.py, tested in test_host_gate.py): the facts rule alone.
+    hosts = DirectHosts("A", {"box": HostTerms("ollama", max_parallel=2)}, STALE_S, placement="on")
     if facts is not None:
         hosts.facts_read({"box": facts}, epoch)
     return InstanceMachine("A", forward_grace_s=5.0, rng=random.Random(0), hosts=hosts)
