@@ -92,6 +92,8 @@ def run_audit_command(
             "gemmanet audit needs GEMMANET_REDIS_URL: it reads the monitor's facts and the "
             "instance registry from Redis/Valkey, with the instances' own settings"
         )
+    if by is not None and switch is None:
+        raise SettingsError("--by names who switches the gate: give it with --enable or --disable")
     by = check_by(by) if by is not None else default_by()
     if switch == "disable":
         return _disable(settings, by, as_json)
