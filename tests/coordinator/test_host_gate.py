@@ -21,6 +21,7 @@ from coordinator.audit.render import render_text
 from coordinator.capacity import parse_capacity
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.monitor_types import HostFacts, MonitorStatus, PlacementSwitch
+from coordinator.core.cluster_view import host_infos
 from coordinator.core.direct_hosts import DirectHosts, HostRead, HostTerms
 from coordinator.core.effects import Deliver, DoneEvent, Reserve, StopHostCall
 from coordinator.core.host_gate import hosts_placeable
@@ -65,7 +66,10 @@ def test_fresh_facts_place_nothing_until_the_switch_is_on_and_nothing_new_after_
     assert m.hosts.state("box", 100.0) == "ok"  # the facts rule alone would place on it
     with pytest.raises(NoNodeForModel):  # the gate is closed by default
         submit(m, "t0")
+    # GET /api/v1/nodes lists it with its facts' state, serving nothing.
+    assert host_infos(m, 100.0)["box"]["models"] == []
     m.hosts.switch_read(True)
+    assert host_infos(m, 100.0)["box"]["models"] == ["llama3"]
     assert submit(m, "t1") == [Reserve("t1", 1)]
     [view] = m.requester.candidates("t1", 1, 100.0) or []
     effects = m.reserved("t1", 1, view, "t1.1", 100.0)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_direct_hosts import FAST, HOST, FakeHost, host_state, monitor
+from tests.e2e.test_direct_hosts import FAST, HOST, FakeHost, host_info, host_state, monitor
 from tests.fixtures.processes import Coordinator, Processes, wait_until
 from tests.fixtures.redis_server import RedisServer
 
@@ -63,6 +63,7 @@ def test_the_gate_from_off_to_enabled_by_the_audit_and_off_again(
     unused = a.request(key, model="llama3", prompt="not yet")
     assert unused.status_code == 503 and unused.json()["error"]["code"] == "no_node_for_model"
     assert placement(b, operator) == {"mode": "gated", "placing": False, "hosts": 1, "switch": None}
+    assert host_info(b)["models"] == []  # listed with its facts, serving nothing
 
     enabled = procs.cli("audit", "--enable", "--by", "alice", "--json")
     assert enabled.returncode == 0 and enabled.stderr == "", enabled
@@ -71,6 +72,7 @@ def test_the_gate_from_off_to_enabled_by_the_audit_and_off_again(
     # Both instances follow within a read (0.5 s).
     wait_until(lambda: placing(a, b, operator=operator) == [True, True], "both placing", 5)
     assert placement(a, operator)["switch"] == switch
+    assert host_info(b)["models"] == ["llama3"]
     for coord in (a, b):
         placed = coord.request(key, model="llama3", prompt="on the host")
         assert placed.status_code == 200 and placed.json()["node_id"] == HOST, placed.text
