@@ -50,6 +50,7 @@ _SAYS = {
     "old_epoch": "facts of an earlier monitor epoch, not a candidate",
     "stale": "facts older than GEMMANET_RESIDENCY_STALE_S, not a candidate",
 }
+_GATED = "its facts are fresh, not a candidate while placement on direct hosts is off"
 
 
 def host_read(facts: HostFacts, read_at: float) -> HostRead:
@@ -157,7 +158,8 @@ class HostFactsReader:
             state = self._hosts.state(host_id, now)
             if self._states.get(host_id, "no_facts") != state:
                 level = logging.INFO if state == "ok" else logging.WARNING
-                log.log(level, "direct host %s: %s for placement", host_id, _SAYS[state])
+                says = _SAYS[state] if self._hosts.placing or state != "ok" else _GATED
+                log.log(level, "direct host %s: %s for placement", host_id, says)
             self._states[host_id] = state
 
     def _lease_facts(self, host_id: str, read: HostRead) -> NodeFacts:
