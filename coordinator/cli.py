@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from coordinator import __version__
 from coordinator.cli_help import (
@@ -151,7 +152,13 @@ def _audit(args: argparse.Namespace) -> int:
     from coordinator.audit.command import run_audit_command
     from coordinator.settings import Settings
 
-    return run_audit_command(Settings.from_env(), as_json=args.json, probe=args.probe)
+    switch: Literal["enable", "disable"] | None = (
+        "enable" if args.enable else "disable" if args.disable else None
+    )
+    code, refusal = run_audit_command(
+        Settings.from_env(), as_json=args.json, probe=args.probe, switch=switch, by=args.by
+    )
+    return code if refusal is None else _fail(refusal, code)
 
 
 def _add_audit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -169,6 +176,25 @@ def _add_audit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         action="store_true",
         help="also poll each host from here (timeout: the poll timeout, at most 2 s); a failed "
         "probe is a warning, reachability itself comes from the monitor's facts (default: off)",
+    )
+    switch = audit.add_mutually_exclusive_group()
+    switch.add_argument(
+        "--enable",
+        action="store_true",
+        help="switch placement on direct hosts on in the shared store, only when every gate is "
+        "green (else refused, naming them: exit 1); instances with GEMMANET_HOST_PLACEMENT=gated "
+        "follow within 0.5 s (default: only report)",
+    )
+    switch.add_argument(
+        "--disable",
+        action="store_true",
+        help="switch it off, no gate needed: no new placement on hosts from the instances' next "
+        "read, calls in flight finish; prints the switch alone (default: only report)",
+    )
+    audit.add_argument(
+        "--by",
+        metavar="NAME",
+        help="who switches, as the report shows it (default: user@host of this machine)",
     )
     audit.set_defaults(handler=_audit)
 

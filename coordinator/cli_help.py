@@ -30,6 +30,7 @@ MONITOR_SETTINGS = (
 AUDIT_SETTINGS = (
     *MONITOR_SETTINGS[:12],  # Redis, the operator file, the monitor's timing, the stale window
     "alive_ttl_s",
+    "host_placement",
 )
 
 

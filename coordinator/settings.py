@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from coordinator.capacity import Capacity, load_capacity
+from coordinator.core.host_gate import HOST_PLACEMENTS, HostPlacement
 from coordinator.core.liveness import STREAMS_PRESENCE_TTL_S, LivenessTiming
 from coordinator.errors import SettingsError
 from coordinator.settings_values import (
@@ -128,6 +129,11 @@ VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
     ),
     # SIGTERM's drain window (docs/operations.md).
     "drain_s": ("GEMMANET_DRAIN_S", lambda n, v: _number(n, v, minimum=0.0, maximum=MAX_TIMEOUT_S)),
+    # The enablement gate of placement on direct hosts (core/host_gate.py).
+    "host_placement": (
+        "GEMMANET_HOST_PLACEMENT",
+        lambda n, v: _choice(n, v, HOST_PLACEMENTS),
+    ),
     # The elected residency monitor (README "Monitor and fencing").
     "monitor": ("GEMMANET_MONITOR", _flag),
     "monitor_poll_s": (
@@ -266,6 +272,9 @@ class Settings:
     # residency_stale_s: coordinator/monitor/timing.py). ``monitor_unfenced`` is TEST-ONLY (it
     # switches the token compare off to show the takeover gate can fail) and is refused unless
     # ``allow_test_switches`` is set too.
+    # Placement on the operator file's [hosts]: gated (follow the switch `gemmanet audit
+    # --enable` sets in the shared store), on (as soon as their facts are fresh), off.
+    host_placement: HostPlacement = "gated"
     monitor: bool = False
     monitor_poll_s: float = 2.0
     monitor_ttl_s: float = 5.0
@@ -289,6 +298,11 @@ class Settings:
             raise SettingsError(
                 "GEMMANET_MULTI_INSTANCE=1 needs GEMMANET_REDIS_URL: instances can only share "
                 "nodes through Redis/Valkey"
+            )
+        if self.host_placement == "on" and not self.redis_url:
+            raise SettingsError(
+                "GEMMANET_HOST_PLACEMENT=on needs GEMMANET_REDIS_URL: direct hosts are shared "
+                "capacity, which a process-local (embedded) store cannot account for"
             )
         if self.monitor_unfenced and not self.allow_test_switches:
             raise SettingsError(

@@ -136,6 +136,14 @@ MEANINGS: dict[str, str] = {
     "drain_s": "on SIGTERM, how long requests in flight get to end (0–3600; never past a "
     "task's own timeout) before what remains ends with `503 instance_shutting_down` "
     "([operations](operations.md))",
+    "host_placement": "placement on the operator file's `[hosts]`. `gated`: only while the "
+    "shared switch is on, which `gemmanet audit --enable` sets once every gate of the audit is "
+    "green and `gemmanet audit --disable` clears (never set: off, so a new deployment places "
+    "nothing on its hosts); every instance follows it within 0.5 s. `on`: as soon as a host's "
+    "facts are fresh, switch or no switch (how a deployment from before the gate keeps its "
+    "behaviour); needs `GEMMANET_REDIS_URL`, without it refused with one line, exit 2. `off`: "
+    "never. Anything else is refused with one line, exit 2 "
+    "([the runbook](direct-hosts.md#4-enable))",
     "GEMMANET_LOG_FORMAT": EXTRA_VARIABLES["GEMMANET_LOG_FORMAT"][1],
 }
 
@@ -189,6 +197,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "Monitor (direct model hosts)",
         (
+            "host_placement",
             "monitor",
             "monitor_poll_s",
             "monitor_ttl_s",

@@ -62,6 +62,29 @@ class QueueWaitInfo(_Response):
     mean_wait_s: float
 
 
+class PlacementSwitchInfo(_Response):
+    """The shared switch of placement on direct hosts, as ``gemmanet audit --enable`` or
+    ``--disable`` last set it."""
+
+    enabled: bool
+    # Who switched it (``--by``, default user@host) and when (Unix seconds, that machine's clock).
+    by: str
+    at: float
+    # The monitor epoch the audit judged green (an enable), else null.
+    epoch: int | None
+
+
+class HostPlacementInfo(_Response):
+    """The enablement gate on the answering instance: its ``GEMMANET_HOST_PLACEMENT``, whether
+    it places requests on direct hosts now (hosts whose facts are fresh), how many the operator
+    file lists, and the switch as it last read it (null: never set, or the mode is not gated)."""
+
+    mode: Literal["gated", "on", "off"]
+    placing: bool
+    hosts: int
+    switch: PlacementSwitchInfo | None
+
+
 class ClusterResponse(_Response):
     """Instances, aggregate counts and (operator keys only) node details."""
 
@@ -84,3 +107,4 @@ class ClusterResponse(_Response):
     affinity: AffinityInfo
     # The answering instance's queue waits by key priority class, lowest class first.
     queue_waits: list[QueueWaitInfo]
+    host_placement: HostPlacementInfo

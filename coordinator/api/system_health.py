@@ -23,8 +23,10 @@ from coordinator import __version__
 from coordinator.api.health_schemas import (
     AffinityInfo,
     ClusterResponse,
+    HostPlacementInfo,
     InstanceLiveness,
     MonitorInfo,
+    PlacementSwitchInfo,
     QueueWaitInfo,
 )
 from coordinator.api.responses import error_response, json_response
@@ -32,6 +34,7 @@ from coordinator.api.routes import _BEARER, _errors, authenticate, instance
 from coordinator.api.schemas import NodeInfo
 from coordinator.coordination import CoordinationUnavailable, MonitorStore
 from coordinator.runtime import instance_status
+from coordinator.runtime.instance import Instance
 from coordinator.runtime.metrics import PRIORITY_CLASSES
 
 PAGE_PATH = "/system-health"
@@ -132,8 +135,19 @@ def register_system_health(app: Quart) -> None:
             nodes=nodes,
             affinity=msgspec.convert(inst.affinity.status(), AffinityInfo),
             queue_waits=_queue_waits(inst.admissions.waited_by_priority),
+            host_placement=_host_placement(inst),
         )
         return json_response(body)
+
+
+def _host_placement(inst: Instance) -> HostPlacementInfo:
+    hosts, switch = inst.machine.hosts, inst.host_facts.switch
+    return HostPlacementInfo(
+        mode=hosts.placement,
+        placing=hosts.placing and bool(hosts),
+        hosts=len(hosts.terms),
+        switch=None if switch is None else msgspec.convert(switch.to_json(), PlacementSwitchInfo),
+    )
 
 
 def _queue_waits(waited: dict[str, tuple[int, float]]) -> list[QueueWaitInfo]:

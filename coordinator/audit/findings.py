@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.audit.gate import gate_warnings, placement_document
 from coordinator.audit.nodes import ConnectedNode, Finding, NodeObservations, judge_nodes
 from coordinator.coordination.leases import NodeFacts
-from coordinator.coordination.monitor_types import HostFacts, MonitorStatus
+from coordinator.coordination.monitor_types import HostFacts, MonitorStatus, PlacementSwitch
 from coordinator.monitor.timing import monitor_bound_s, monitor_bound_sum, monitor_timing_problems
 from coordinator.settings import Settings
 from coordinator.url_credentials import hide_credentials
@@ -60,6 +61,8 @@ class Observed:
     node_facts: dict[str, NodeFacts] = field(default_factory=dict)
     #: host id -> the audit's own poll record (``poller.poll_host``); None: ``--probe`` not asked
     probes: dict[str, dict[str, Any]] | None = None
+    #: the placement switch of direct hosts (None: never set)
+    switch: PlacementSwitch | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,7 @@ def judge(settings: Settings, observed: Observed) -> AuditReport:
     seen = NodeObservations(known.connected, known.node_facts) if known else None
     nodes = judge_nodes(settings, seen, reasons, warnings)
     catalog = _catalog(settings, observed, hosts, nodes, warnings)
+    warnings += gate_warnings(settings)
     if observed.redis_error is not None:
         exit_code = EXIT_REDIS_UNREACHABLE
     else:
@@ -251,6 +255,9 @@ def judge(settings: Settings, observed: Observed) -> AuditReport:
             "sum": monitor_bound_sum(settings),
             "ok": not timing_problems,
         },
+        "host_placement": placement_document(
+            settings, observed.switch, known=observed.redis_error is None
+        ),
         "hosts": hosts,
         "nodes": nodes,
         "catalog": catalog,

@@ -1,6 +1,6 @@
 """What ``gemmanet audit`` reads: from Redis, the monitor's lease and epoch, the fenced facts
-of every ``[hosts]`` entry, the instance registry (which agent nodes its instances hold, and
-how long ago each instance beat) and those nodes' facts;
+of every ``[hosts]`` entry, the placement switch, the instance registry (which agent nodes its
+instances hold, and how long ago each instance beat) and those nodes' facts;
 with ``--probe``, each host's own answer to one poll from this machine.
 
 Read-only in effect: the one call that writes is the registry read, which stamps the
@@ -79,7 +79,10 @@ async def _read_store(settings: Settings) -> Observed:
         facts = await coordination.monitor.host_facts(hosts) if hosts else {}
         connected = await _connected_nodes(coordination.key_value, coordination.presence)
         node_facts = await coordination.leases.node_facts(sorted(connected))
-    return Observed(monitor=monitor, facts=facts, connected=connected, node_facts=node_facts)
+        switch = await coordination.monitor.host_placement()
+    return Observed(
+        monitor=monitor, facts=facts, connected=connected, node_facts=node_facts, switch=switch
+    )
 
 
 async def _probe_hosts(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -118,5 +121,6 @@ async def observe(settings: Settings, *, probe: bool) -> Observed:
         facts=observed.facts,
         connected=observed.connected,
         node_facts=observed.node_facts,
+        switch=observed.switch,
         probes=probes,
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from coordinator.audit.gate import gate_line
+
 __all__ = ["render_text"]
 
 
@@ -79,6 +81,9 @@ def render_text(doc: dict[str, Any]) -> str:
         f"timing   {timing['sum']} {relation} GEMMANET_RESIDENCY_STALE_S="
         f"{timing['stale_window_s']:g}: {'ok' if timing['ok'] else 'EXCEEDED'}"
     )
+    gate = gate_line(doc)
+    if gate is not None:
+        lines.append(gate)
     if doc["hosts"]:
         probed = any(host["probe"] is not None for host in doc["hosts"])
         header = ["HOST", "KIND", "REACHABLE", "FACTS", "BUDGET", "RESIDENT", "VERDICT"]

@@ -25,7 +25,8 @@ Capacity leases and queues (Redis; ``redis/lease_scripts.py`` says what each hol
 ``lease:a:{key id}``. Prefix affinity: ``affinity:b:{model}``, ``affinity:t:{model}``
 (``redis/affinity.py``). Host telemetry: ``telemetry:{node}``. The monitor
 (``monitor_types.py``): ``monitor:lease``, ``monitor:epoch``, ``monitor:fenced_rejects``,
-``monitor:facts``, ``monitor:facts_at``, ``monitor:accepted:{epoch}``.
+``monitor:facts``, ``monitor:facts_at``, ``monitor:accepted:{epoch}``; the placement switch
+of direct hosts (``gemmanet audit --enable``): ``hosts:placement``.
 
 The instance bus: the pub/sub channel ``inst:bus:{inst}`` (``PubSubBus``); the stream
 ``inst:stream:{inst}``, its presence key ``inst:listening:{inst}`` and ``inst:refused:{inst}``,
@@ -35,6 +36,7 @@ the server time an envelope for it was last refused for want of a presence (``St
 from __future__ import annotations
 
 __all__ = [
+    "HOST_PLACEMENT",
     "INBOX_PREFIX",
     "LEASE_FACTS",
     "LISTENING_PREFIX",
@@ -145,6 +147,10 @@ MONITOR_FACTS_AT = "monitor:facts_at"
 
 def monitor_accepted_key(epoch: int) -> str:
     return f"monitor:accepted:{epoch}"
+
+
+#: the switch of placement on direct hosts (``monitor_types.PlacementSwitch``), no expiry
+HOST_PLACEMENT = "hosts:placement"
 
 
 # -- the instance bus ---------------------------------------------------------------------------

@@ -16,6 +16,11 @@ exists to show the takeover gate can fail.
 Facts are stamped with the store's clock at the write (Redis: server TIME); ``host_facts``
 reports each host's record with that stamp and its age on the same clock, so readers on other
 machines never compare clocks.
+
+The placement switch (``hosts:placement``, no expiry): whether instances with the default
+``GEMMANET_HOST_PLACEMENT=gated`` may place on direct hosts (``core/host_gate.py``), who set it
+and when, as ``gemmanet audit --enable`` / ``--disable`` wrote it. A value that does not decode
+as a switch reads as none (off: fail closed).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ __all__ = [
     "HostFacts",
     "MonitorClaim",
     "MonitorStatus",
+    "PlacementSwitch",
     "decode_facts",
     "lease_value",
     "parse_lease",
@@ -103,3 +109,45 @@ def decode_facts(host_id: str, raw: bytes, polled_at: float, now: float) -> Host
     record = json.loads(raw)
     record["polled_at"] = polled_at
     return HostFacts(host_id, record, polled_at, max(0.0, now - polled_at))
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSwitch:
+    """The shared switch of placement on direct hosts, as last set."""
+
+    enabled: bool
+    #: who switched it (``gemmanet audit --by``, default user@host)
+    by: str
+    #: when, in Unix seconds on the clock of the machine that switched it
+    at: float
+    #: the monitor epoch the audit judged green (an enable), else None
+    epoch: int | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"enabled": self.enabled, "by": self.by, "at": self.at, "epoch": self.epoch},
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> PlacementSwitch | None:
+        """The switch stored as ``raw``; None when absent or not a switch (read as off)."""
+        if raw is None:
+            return None
+        try:
+            value = json.loads(raw)
+            enabled, by, at, epoch = value["enabled"], value["by"], value["at"], value["epoch"]
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not (
+            isinstance(enabled, bool)
+            and isinstance(by, str)
+            and isinstance(at, int | float)
+            and not isinstance(at, bool)
+            and (epoch is None or (isinstance(epoch, int) and not isinstance(epoch, bool)))
+        ):
+            return None
+        return cls(enabled, by, float(at), epoch)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "by": self.by, "at": self.at, "epoch": self.epoch}

@@ -42,7 +42,12 @@ from coordinator.coordination.leases import (
     LeaseUsage,
     NodeFacts,
 )
-from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
+from coordinator.coordination.monitor_types import (
+    HostFacts,
+    MonitorClaim,
+    MonitorStatus,
+    PlacementSwitch,
+)
 
 __all__ = [
     "PREFIX_HOLDERS_KEPT",
@@ -217,8 +222,8 @@ class TelemetryStore(Protocol):
 
 @runtime_checkable
 class MonitorStore(Protocol):
-    """The elected monitor's lease and the host facts it writes fenced by its epoch
-    (semantics: ``monitor_types.py``)."""
+    """The elected monitor's lease, the host facts it writes fenced by its epoch, and the
+    switch of placement on those hosts (semantics: ``monitor_types.py``)."""
 
     async def monitor_acquire(self, candidate: str, ttl_s: float) -> MonitorClaim:
         """Take the monitor lease if it is free or expired (the epoch goes up by one and is
@@ -247,6 +252,12 @@ class MonitorStore(Protocol):
 
     async def accepted_fact_writes(self, epoch: int) -> int:
         """How many fact writes made with ``epoch`` were accepted (kept for an hour)."""
+
+    async def host_placement(self) -> PlacementSwitch | None:
+        """The placement switch as last set (None: never set, or not a switch: off)."""
+
+    async def set_host_placement(self, switch: PlacementSwitch) -> None:
+        """Set the placement switch; it holds, without expiry, until set again."""
 
 
 #: nodes kept per prefix block (the most recent): a prefix many conversations share (a system

@@ -20,6 +20,7 @@
     liveness.py          who is dead, from what was read; the failover bound
     cluster_view.py      what /api/v1/status and /api/v1/nodes report
     direct_hosts.py      whether a direct model host may be placed on now (fail closed)
+    host_gate.py         whether placement on direct hosts is switched on (the enablement gate)
     task_content.py      whether a task's content fits, and the assign for a node's version
 
 The trio shell (coordinator/runtime/) feeds these events and carries out what they return;

@@ -66,10 +66,13 @@ def diagnostics(
     }
 
 
+_GATED = "its facts are fresh, but placement on direct hosts is off (gemmanet audit --enable)"
+
+
 def host_infos(machine: InstanceMachine, now: float) -> dict[str, dict[str, object]]:
-    """Every configured direct host (``kind: "direct"``, no owner instance), with whether
-    placement may use it now (``host_state``, and ``host_reason``: why not) and, only while it
-    may, the models it serves;
+    """Every configured direct host (``kind: "direct"``, no owner instance), with whether its
+    facts are trusted now (``host_state``, and ``host_reason``: why not) and, only while
+    placement may use it (those facts and the enablement gate), the models it serves;
     ``in_flight`` counts this instance's calls (other instances call it too)."""
     hosts = machine.hosts
     infos: dict[str, dict[str, object]] = {}
@@ -80,8 +83,10 @@ def host_infos(machine: InstanceMachine, now: float) -> dict[str, dict[str, obje
             "instance_id": DIRECT_OWNER,
             "kind": "direct",
             "host_state": state,
-            "host_reason": state_reason(state, read),
-            "models": sorted(read.serves()) if read is not None and state == "ok" else [],
+            "host_reason": state_reason(state, read) or (None if hosts.placing else _GATED),
+            "models": sorted(read.serves())
+            if read is not None and state == "ok" and hosts.placing
+            else [],
             "max_parallel": terms.max_parallel,
             "in_flight": hosts.in_flight(host_id),
             "vram_gb": terms.memory_gb,

@@ -22,7 +22,10 @@ And it serves a model only when its facts name it: among the models it *has* (Ol
 available but not loaded is a candidate too: Ollama loads it on the first request, as it
 would for a node agent, and its memory is charged by the lease as for any node.
 
-Pure: the shell reads the facts and the epoch and hands them in with ``now``.
+And no host is a candidate while the enablement gate (``host_gate.py``) is closed: with the
+default ``GEMMANET_HOST_PLACEMENT=gated``, until ``gemmanet audit --enable`` switched it on.
+
+Pure: the shell reads the facts, the epoch and the switch and hands them in with ``now``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from coordinator.core.host_gate import HostPlacement, hosts_placeable
 from coordinator.core.placement import NodeView
 
 __all__ = [
@@ -121,10 +125,20 @@ def host_state(
 class DirectHosts:
     """The configured hosts, their last read facts and the tasks this instance runs on them."""
 
-    def __init__(self, instance_id: str, hosts: Mapping[str, HostTerms], stale_s: float) -> None:
+    def __init__(
+        self,
+        instance_id: str,
+        hosts: Mapping[str, HostTerms],
+        stale_s: float,
+        *,
+        placement: HostPlacement = "gated",
+    ) -> None:
         self.me = instance_id
         self.terms = dict(hosts)
         self.stale_s = stale_s
+        #: GEMMANET_HOST_PLACEMENT, and the shared switch at the last read (None: not known)
+        self.placement: HostPlacement = placement
+        self.switch_on: bool | None = None
         self._reads: dict[str, HostRead] = {}
         self._epoch: int | None = None
         #: task id -> host id, for the calls this instance runs now
@@ -140,6 +154,15 @@ class DirectHosts:
         self._reads = {h: r for h, r in reads.items() if h in self.terms}
         self._epoch = current_epoch
 
+    def switch_read(self, on: bool | None) -> None:
+        """A new read of the shared switch (None: never set)."""
+        self.switch_on = on
+
+    @property
+    def placing(self) -> bool:
+        """Whether the gate lets placement use the hosts whose facts are fresh."""
+        return hosts_placeable(self.placement, self.switch_on)
+
     def state(self, host_id: str, now: float) -> HostState:
         return host_state(
             self._reads.get(host_id), current_epoch=self._epoch, stale_s=self.stale_s, now=now
@@ -149,7 +172,10 @@ class DirectHosts:
         return self._reads.get(host_id)
 
     def views(self, now: float) -> list[NodeView]:
-        """The hosts that are candidates at ``now``, as placement sees nodes."""
+        """The hosts that are candidates at ``now``, as placement sees nodes (none while the
+        gate is closed)."""
+        if not self.placing:
+            return []
         views = []
         for host_id in sorted(self.terms):
             read = self._reads.get(host_id)

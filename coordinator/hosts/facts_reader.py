@@ -11,6 +11,10 @@ as its monitor facts are stale, whatever its lease facts say.
 
 When the store cannot be read, the last read stays, ageing: its hosts stop being candidates
 once it is older than the staleness window (fail closed).
+
+With ``GEMMANET_HOST_PLACEMENT=gated`` the same read takes the placement switch
+(``host_placement``, set by ``gemmanet audit --enable``/``--disable``), so every instance
+follows it within ``READ_S``; the gate itself is ``core/host_gate.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import trio
 from coordinator.capacity import Capacity
 from coordinator.coordination import CoordinationUnavailable, Leases, MonitorStore
 from coordinator.coordination.leases import NodeFacts
-from coordinator.coordination.monitor_types import HostFacts
+from coordinator.coordination.monitor_types import HostFacts, PlacementSwitch
 from coordinator.core.direct_hosts import (
     DirectHosts,
     HostRead,
@@ -46,6 +50,7 @@ _SAYS = {
     "old_epoch": "facts of an earlier monitor epoch, not a candidate",
     "stale": "facts older than GEMMANET_RESIDENCY_STALE_S, not a candidate",
 }
+_GATED = "its facts are fresh, not a candidate while placement on direct hosts is off"
 
 
 def host_read(facts: HostFacts, read_at: float) -> HostRead:
@@ -86,12 +91,22 @@ class HostFactsReader:
         self._clock = clock
         # host id -> its state at the last read, to log each change once
         self._states: dict[str, str] = {}
+        #: the placement switch at the last read (gated only; None: never set)
+        self.switch: PlacementSwitch | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not self._hosts:
             task_status.started()
             return
         await self.read_once()
+        if not self._hosts.placing:
+            log.info(
+                "placement on direct hosts is off (GEMMANET_HOST_PLACEMENT=%s%s)",
+                self._hosts.placement,
+                ", the switch off: `gemmanet audit --enable` turns it on, with Redis"
+                if self._hosts.placement == "gated"
+                else "",
+            )
         task_status.started()
         while True:
             await trio.sleep(READ_S)
@@ -108,6 +123,8 @@ class HostFactsReader:
             return
         reads = {host_id: host_read(facts, read_at) for host_id, facts in found.items()}
         current = epoch or None
+        if self._hosts.placement == "gated":
+            await self._read_switch()
         try:
             # Written before placement sees the read: a lease needs them.
             for host_id, read in sorted(reads.items()):
@@ -121,13 +138,30 @@ class HostFactsReader:
         self._hosts.facts_read(reads, current)
         self._log_changes()
 
+    async def _read_switch(self) -> None:
+        try:
+            switch = await self._monitor.host_placement()
+        except CoordinationUnavailable as exc:  # the last read stands; the facts age out
+            log.warning("cannot read the placement switch of direct hosts: %s", exc)
+            return
+        was = self._hosts.placing
+        self.switch = switch
+        self._hosts.switch_read(switch.enabled if switch is not None else None)
+        if self._hosts.placing != was and switch is not None:
+            log.info(
+                "placement on direct hosts switched %s by %s",
+                "on" if switch.enabled else "off",
+                switch.by,
+            )
+
     def _log_changes(self) -> None:
         now = self._clock()
         for host_id in sorted(self._hosts.terms):
             state = self._hosts.state(host_id, now)
             if self._states.get(host_id, "no_facts") != state:
                 level = logging.INFO if state == "ok" else logging.WARNING
-                log.log(level, "direct host %s: %s for placement", host_id, _SAYS[state])
+                says = _SAYS[state] if self._hosts.placing or state != "ok" else _GATED
+                log.log(level, "direct host %s: %s for placement", host_id, says)
             self._states[host_id] = state
 
     def _lease_facts(self, host_id: str, read: HostRead) -> NodeFacts:
@@ -152,4 +186,6 @@ def direct_hosts(settings: Settings) -> DirectHosts:
         host_id: HostTerms(spec.kind, spec.max_parallel, spec.memory_gb, spec.weight)
         for host_id, spec in settings.capacity.hosts.items()
     }
-    return DirectHosts(settings.instance_id, terms, settings.residency_stale_s)
+    return DirectHosts(
+        settings.instance_id, terms, settings.residency_stale_s, placement=settings.host_placement
+    )

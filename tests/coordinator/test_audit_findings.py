@@ -210,9 +210,10 @@ def test_the_json_document_has_exactly_the_documented_keys() -> None:
     )
     doc = judge(SETTINGS, observed).document
     assert list(doc) == [
-        "ready", "exit_code", "redis", "monitor", "timing", "hosts", "nodes", "catalog",
-        "reasons", "warnings",
+        "ready", "exit_code", "redis", "monitor", "timing", "host_placement", "hosts", "nodes",
+        "catalog", "reasons", "warnings",
     ]  # fmt: skip
+    assert doc["host_placement"] == {"mode": "gated", "placing": False, "switch": None}
     assert set(doc["redis"]) == {"url", "key_prefix", "reachable", "error"}
     assert set(doc["monitor"]) == {"holder", "lease_epoch", "epoch", "fenced_rejects"}
     assert set(doc["timing"]) == {

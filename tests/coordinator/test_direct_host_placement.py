@@ -108,11 +108,20 @@ def test_the_node_list_says_why_a_host_is_no_candidate(facts, epoch, state, reas
     assert info["host_reason"] == reason or (reason and reason in str(info["host_reason"]))
 
 
+def test_the_node_list_says_when_the_gate_keeps_a_fresh_host_unused() -> None:
+    gated = machine(read())
+    gated.hosts.placement = "off"
+    [info] = cluster_view.host_infos(gated, 100.0).values()
+    assert (info["host_state"], info["models"]) == ("ok", [])
+    assert "placement on direct hosts is off" in str(info["host_reason"])
+
+
 # -- the machine -------------------------------------------------------------------------------
 
 
 def machine(facts: HostRead | None = None, epoch: int | None = EPOCH) -> InstanceMachine:
-    hosts = DirectHosts("A", {"box": HostTerms("ollama", max_parallel=2)}, STALE_S)
+    # The gate open (core/host_gate.py, tested in test_host_gate.py): the facts rule alone.
+    hosts = DirectHosts("A", {"box": HostTerms("ollama", max_parallel=2)}, STALE_S, placement="on")
     if facts is not None:
         hosts.facts_read({"box": facts}, epoch)
     return InstanceMachine("A", forward_grace_s=5.0, rng=random.Random(0), hosts=hosts)

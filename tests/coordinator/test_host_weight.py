@@ -30,7 +30,8 @@ def machine(seed: int, heavy: float = 3.0, light: float = 1.0) -> InstanceMachin
         "heavy": HostTerms("ollama", max_parallel=8, weight=heavy),
         "light": HostTerms("ollama", max_parallel=8, weight=light),
     }
-    hosts = DirectHosts("A", terms, STALE_S)
+    # The gate open (core/host_gate.py): the facts and the weights alone.
+    hosts = DirectHosts("A", terms, STALE_S, placement="on")
     fresh = HostRead(reachable=True, epoch=EPOCH, age_s=1.0, read_at=NOW, models=frozenset({"m"}))
     hosts.facts_read({"heavy": fresh, "light": fresh}, EPOCH)
     return InstanceMachine("A", forward_grace_s=5.0, rng=random.Random(seed), hosts=hosts)

@@ -66,7 +66,8 @@ def test_one_node_that_can_hold_it_anywhere_lets_the_request_queue(where: str) -
     small = connection("n1", 4.0)
     hosts = None
     if where == "direct host":
-        hosts = DirectHosts("A", {"h": HostTerms(kind="ollama", memory_gb=24.0)}, stale_s=15.0)
+        terms = {"h": HostTerms(kind="ollama", memory_gb=24.0)}
+        hosts = DirectHosts("A", terms, stale_s=15.0, placement="on")
         hosts.facts_read(
             {"h": HostRead(reachable=True, epoch=1, age_s=0.0, read_at=0.0,
                            models=frozenset({"big"}))},

@@ -1,12 +1,16 @@
 """The monitor election and fenced fact writes, on both backends (memory on a fake clock, a
 real redis-server): one holder at a time; a takeover after the TTL bumps the epoch, which never
 goes backwards (not even when the lease key is deleted); a deposed writer's write is rejected,
-counted, and never visible through ``host_facts``."""
+counted, and never visible through ``host_facts``. The placement switch of direct hosts
+(``gemmanet audit --enable``): never set reads as none, every client reads what was last set,
+and a value that is no switch reads as none (off)."""
 
 from __future__ import annotations
 
 import json
 
+from coordinator.coordination.keys import HOST_PLACEMENT
+from coordinator.coordination.monitor_types import PlacementSwitch
 from tests.fixtures.coordination_backend import SLACK, Backend
 
 TTL = 0.3
@@ -105,3 +109,21 @@ async def test_facts_carry_their_age_on_the_store_clock(backend: Backend) -> Non
     assert seen.record["polled_at"] == seen.polled_at
     assert seen.fresh(1.0) and not seen.fresh(0.1)
     assert seen.reachable and seen.record["models"] == ["m"]
+
+
+async def test_the_placement_switch_holds_what_was_set_until_set_again(backend: Backend) -> None:
+    c = backend.coord.monitor
+    assert await c.host_placement() is None  # never set: off (core/host_gate.py)
+    on = PlacementSwitch(enabled=True, by="alice@ops", at=1_764_000_000.5, epoch=3)
+    await c.set_host_placement(on)
+    async with backend.open_peer() as peer:  # every instance reads the same switch
+        assert await peer.monitor.host_placement() == on
+    off = PlacementSwitch(enabled=False, by="bob", at=1_764_000_100.0)
+    await c.set_host_placement(off)
+    assert await c.host_placement() == off
+
+
+async def test_a_value_that_is_no_switch_reads_as_none(backend: Backend) -> None:
+    for raw in (b"1", b"on", b'{"enabled": "yes", "by": "x", "at": 1, "epoch": null}', b"{}"):
+        await backend.coord.key_value.set(HOST_PLACEMENT, raw)
+        assert await backend.coord.monitor.host_placement() is None, raw

@@ -1,7 +1,9 @@
 """Direct model hosts end to end: real coordinator processes on a real redis-server, an elected
 ``gemmanet monitor`` process polling a fake Ollama server (its own process, speaking Ollama's
 wire format) listed under ``[hosts]``. Any instance calls the host itself; placement on it needs
-the monitor's facts fresh and of the current epoch."""
+the monitor's facts fresh and of the current epoch. The instances run with
+``GEMMANET_HOST_PLACEMENT=on`` (a deployment from before the gate); the gate itself, switched by
+``gemmanet audit --enable``, is tests/e2e/test_host_gate.py."""
 
 from __future__ import annotations
 
@@ -66,7 +68,12 @@ def start(
         f"max_parallel = {max_parallel}\n"
     )
     procs.share_redis(
-        redis_server, f"dh{os.getpid()}", GEMMANET_CAPACITY_FILE=str(capacity), **FAST, **env
+        redis_server,
+        f"dh{os.getpid()}",
+        GEMMANET_CAPACITY_FILE=str(capacity),
+        GEMMANET_HOST_PLACEMENT="on",
+        **FAST,
+        **env,
     )
     return host
 
@@ -233,14 +240,26 @@ def test_a_failing_host_gives_502_a_slow_one_504_and_the_lease_is_given_back(
     assert host_info(a)["in_flight"] == 0
 
 
-def test_a_single_instance_with_its_own_monitor_places_on_the_host(procs, tmp_path) -> None:
-    # The embedded backend, no Redis: the instance elects itself monitor (GEMMANET_MONITOR=1).
+def test_a_single_instance_on_the_embedded_store_places_nothing_on_hosts(procs, tmp_path) -> None:
+    # The embedded backend, no Redis: the instance elects itself monitor (GEMMANET_MONITOR=1)
+    # and the facts are fresh, but a process-local store cannot share a host's capacity.
     host = FakeHost(procs)
     capacity = tmp_path / "capacity.toml"
     capacity.write_text(f'[hosts."{HOST}"]\nurl = "{host.url}"\nkind = "ollama"\n')
-    solo = procs.coordinator(GEMMANET_CAPACITY_FILE=str(capacity), GEMMANET_MONITOR="1", **FAST)
+    env = {"GEMMANET_CAPACITY_FILE": str(capacity), "GEMMANET_MONITOR": "1", **FAST}
+    refused = procs.cli("serve", env={**procs.env, **env, "GEMMANET_HOST_PLACEMENT": "on"})
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert refused.stderr.splitlines() == [
+        (
+            "gemmanet: GEMMANET_HOST_PLACEMENT=on needs GEMMANET_REDIS_URL: direct hosts are "
+            "shared capacity, which a process-local (embedded) store cannot account for"
+        )
+    ], refused.stderr
+
+    solo = procs.coordinator(**env)  # the default, gated: nobody can switch it on here
     wait_until(lambda: host_state(solo) == "ok", "fresh host facts")
     key = procs.create_key("solo")
-    answer = solo.request(key, model="llama3", prompt="all by myself", stream=True)
-    assert answer.status_code == 200, answer.text
-    assert sse_events(answer)[-1]["output"] == "all by myself"
+    answer = solo.request(key, model="llama3", prompt="all by myself")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "no_node_for_model"
+    assert host.requests() == []

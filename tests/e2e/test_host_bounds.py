@@ -8,6 +8,7 @@ its backend, grows by a few MiB, not by what the host sent."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import trio
 from protocol.model_servers import MAX_LINE_BYTES, MAX_STREAM_BYTES
 from tests.fixtures.misbehaving_host import HUGE, MisbehavingHost
 from tests.fixtures.processes import Coordinator, Processes, wait_until
+from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.e2e
 
@@ -97,12 +99,20 @@ def capacity_file(tmp_path: Path, host: MisbehavingHost) -> str:
     return str(path)
 
 
+@pytest.mark.redis
 async def test_a_misbehaving_direct_host_cannot_grow_the_coordinator(
-    procs: Processes, tmp_path: Path, nursery: trio.Nursery
+    procs: Processes, tmp_path: Path, nursery: trio.Nursery, redis_server_session: RedisServer
 ) -> None:
     host = MisbehavingHost()
     await nursery.start(host.run)
-    env = {"GEMMANET_CAPACITY_FILE": capacity_file(tmp_path, host), "GEMMANET_MONITOR": "1"}
+    env = {
+        "GEMMANET_CAPACITY_FILE": capacity_file(tmp_path, host),
+        "GEMMANET_MONITOR": "1",
+        # Placement on direct hosts needs a shared store; on at once (no audit here).
+        "GEMMANET_REDIS_URL": redis_server_session.url,
+        "GEMMANET_KEY_PREFIX": f"bounds{os.getpid()}",
+        "GEMMANET_HOST_PLACEMENT": "on",
+    }
     coord = await trio.to_thread.run_sync(lambda: procs.coordinator(**env, **FAST))
     await until(lambda: host_info(coord)["host_state"] == "ok", "fresh host facts")
     key = procs.create_key("bounds")

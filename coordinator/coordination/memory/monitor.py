@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from coordinator.coordination.keys import (
+    HOST_PLACEMENT,
     MONITOR_EPOCH,
     MONITOR_FENCED_REJECTS,
     MONITOR_LEASE,
@@ -22,6 +23,7 @@ from coordinator.coordination.monitor_types import (
     HostFacts,
     MonitorClaim,
     MonitorStatus,
+    PlacementSwitch,
     decode_facts,
     lease_value,
     parse_lease,
@@ -110,3 +112,9 @@ class MonitorTables:
             for host in wanted
             if host in self._facts
         }
+
+    def placement(self) -> PlacementSwitch | None:
+        return PlacementSwitch.decode(self._state.get(HOST_PLACEMENT))
+
+    def set_placement(self, switch: PlacementSwitch) -> None:
+        self._state.set(HOST_PLACEMENT, switch.encode())

@@ -17,7 +17,12 @@ from coordinator.coordination.leases import (
     NodeFacts,
 )
 from coordinator.coordination.memory.link import MemoryLink
-from coordinator.coordination.monitor_types import HostFacts, MonitorClaim, MonitorStatus
+from coordinator.coordination.monitor_types import (
+    HostFacts,
+    MonitorClaim,
+    MonitorStatus,
+    PlacementSwitch,
+)
 
 __all__ = [
     "MemoryAffinity",
@@ -224,6 +229,12 @@ class MemoryMonitor:
 
     async def accepted_fact_writes(self, epoch: int) -> int:
         return (await self._link.enter()).monitor.accepted(epoch)
+
+    async def host_placement(self) -> PlacementSwitch | None:
+        return (await self._link.enter()).monitor.placement()
+
+    async def set_host_placement(self, switch: PlacementSwitch) -> None:
+        (await self._link.enter()).monitor.set_placement(switch)
 
 
 class MemoryAffinity:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from coordinator.coordination.base import CoordinationUnavailable
 from coordinator.coordination.keys import (
+    HOST_PLACEMENT,
     MONITOR_EPOCH,
     MONITOR_FACTS,
     MONITOR_FACTS_AT,
@@ -21,6 +22,7 @@ from coordinator.coordination.monitor_types import (
     HostFacts,
     MonitorClaim,
     MonitorStatus,
+    PlacementSwitch,
     decode_facts,
     lease_value,
     parse_lease,
@@ -193,3 +195,11 @@ class RedisMonitor:
             "GET accepted", b"GET", self._name(monitor_accepted_key(epoch))
         )
         return int(reply or 0)
+
+    async def host_placement(self) -> PlacementSwitch | None:
+        raw = await self._link.execute("GET placement", b"GET", self._name(HOST_PLACEMENT))
+        return PlacementSwitch.decode(raw)
+
+    async def set_host_placement(self, switch: PlacementSwitch) -> None:
+        key = self._name(HOST_PLACEMENT)
+        await self._link.execute("SET placement", b"SET", key, switch.encode())
