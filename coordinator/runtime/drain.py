@@ -6,8 +6,10 @@ on SIGINT), runs ``run`` and stops its HTTP server when it returns. Meanwhile:
 * ``/readyz`` answers 503 and every new task request ``503 instance_draining`` (``refusal``,
   before its rate limit is spent or any work begins);
 * the instance's nodes take no new task and are told to move (close 4004) once idle;
-* at the end of the window, requests still waiting for a node (queued) are cancelled and
-  those running get ``instance_shutting_down`` as their last event (``_end_remaining``);
+* at the end of the window, requests still waiting for a node (queued) are refused with
+  ``instance_shutting_down`` (``DrainHost.end_queued``: the admission queue's waits, which
+  are the only ones cut short, so a request pays for no cancel scope of the drain's) and
+  those running get it as their last event (``_end_remaining``);
   nodes still connected are told to move at once.
 
 The sequence for operators is in docs/operations.md.
@@ -16,8 +18,7 @@ The sequence for operators is in docs/operations.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -47,6 +48,8 @@ class DrainHost(Protocol):
 
     def apply(self, effects: list[Effect]) -> None: ...
     def releases_in_flight(self) -> int: ...
+    def end_queued(self) -> None:
+        """Refuse every request waiting in the admission queue, now and from now on."""
 
 
 class Drain:
@@ -56,9 +59,6 @@ class Drain:
         #: once its nodes moved away, how long the instance stays listing them (core/drain.py)
         self.settle_s = settle_s
         self.plan = DrainPlan()
-        # Requests being placed (a lease, the queue, a dispatch): cancelled when the window
-        # ends, so a queued request ends then rather than at its queue timeout.
-        self._placing: set[trio.CancelScope] = set()
         self._wake = trio.Event()
         #: True once ``run`` returned with nothing cut short
         self.clean = False
@@ -83,16 +83,6 @@ class Drain:
     def accepts_nodes(self) -> bool:
         """A node connecting while draining is told to move before it is attached."""
         return self.plan.admits
-
-    @contextmanager
-    def placing(self) -> Iterator[trio.CancelScope]:
-        """Around a request's placement; the scope is cancelled when the window ends."""
-        with trio.CancelScope() as scope:
-            self._placing.add(scope)
-            try:
-                yield scope
-            finally:
-                self._placing.discard(scope)
 
     def begin(self) -> None:
         """The first SIGTERM (a second call: ``hurry``)."""
@@ -146,8 +136,8 @@ class Drain:
                 len(host.waiting),
                 len(host.machine.owner.nodes),
             )
-        for scope in list(self._placing):
-            scope.cancel()
+        # A queued request ends now rather than at its queue timeout.
+        host.end_queued()
         error = InstanceShuttingDown(
             "the coordinator instance shut down before the task ended; retry on another instance",
             retry_after_s=RETRY_ELSEWHERE_S,

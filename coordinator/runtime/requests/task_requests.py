@@ -24,7 +24,7 @@ from coordinator.core.affinity import prefix_text
 from coordinator.core.effects import Effect, FailedEvent, MovedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.task_content import check_content_fits
-from coordinator.errors import GemmaNetError, InstanceShuttingDown, NodeDisconnected, StoreError
+from coordinator.errors import GemmaNetError, NodeDisconnected, StoreError
 from coordinator.runtime.drain import Drain
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
@@ -116,8 +116,11 @@ class TaskRequests:
             if refusal is not None:
                 raise refusal
             assign, deadline = self._assign(model, prompt, messages, options, stream, timeout_s)
-            text = prefix_text(prompt, messages)
-            lookup = await inst.affinity.predict(model, text, messages is not None)
+            # Nothing at all with affinity off (not even the prefix's text).
+            lookup = None
+            if inst.affinity.enabled:
+                text = prefix_text(prompt, messages)
+                lookup = await inst.affinity.predict(model, text, messages is not None)
             handle = await self._place(key_id, assign, deadline, lookup)
         except GemmaNetError as exc:
             inst.metrics.task_refused(exc)
@@ -167,18 +170,14 @@ class TaskRequests:
         inst.waiting[task_id] = send
         prediction = lookup.prediction if lookup is not None else None
         try:
-            with inst.drain.placing() as placing:
-                await inst.carry_out(
-                    inst.machine.submit(assign, deadline, inst.clock(), key_id, prediction)
-                )
-                placement = inst.machine.requester.placement(task_id)
-                if placement is None and inst.machine.requester.model_of(task_id) is not None:
-                    placement = await _placed_meanwhile(receive, deadline)
-            if placing.cancelled_caught:  # the drain window ended while it waited for room
-                raise InstanceShuttingDown(
-                    "the coordinator instance shut down before a node was free; retry on "
-                    "another instance"
-                )
+            # A drain's window that ends while this waits in the queue refuses it there
+            # (Admissions.end_waits: instance_shutting_down).
+            await inst.carry_out(
+                inst.machine.submit(assign, deadline, inst.clock(), key_id, prediction)
+            )
+            placement = inst.machine.requester.placement(task_id)
+            if placement is None and inst.machine.requester.model_of(task_id) is not None:
+                placement = await _placed_meanwhile(receive, deadline)
         except BaseException as exc:
             inst.waiting.pop(task_id, None)
             outcome = exc.code if isinstance(exc, GemmaNetError) else "client_gone"
