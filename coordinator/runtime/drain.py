@@ -7,7 +7,7 @@ on SIGINT), runs ``run`` and stops its HTTP server when it returns. Meanwhile:
   before its rate limit is spent or any work begins);
 * the instance's nodes take no new task and are told to move (close 4004) once idle;
 * at the end of the window, requests still waiting for a node (queued) are refused with
-  ``instance_shutting_down`` (``DrainHost.end_queued``: the admission queue's waits, which
+  ``instance_shutting_down`` (``Admissions.end_waits``: the admission queue's waits, which
   are the only ones cut short, so a request pays for no cancel scope of the drain's) and
   those running get it as their last event (``_end_remaining``);
   nodes still connected are told to move at once.
@@ -27,6 +27,7 @@ from coordinator.core.drain import Done, DrainPlan, EndRemaining
 from coordinator.core.effects import Effect, FailedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.errors import InstanceDraining, InstanceShuttingDown
+from coordinator.runtime.requests.admission import Admissions
 
 __all__ = ["Drain", "DrainHost"]
 
@@ -46,10 +47,10 @@ class DrainHost(Protocol):
     #: task id -> the channel of the request waiting for its events
     waiting: dict[str, trio.MemorySendChannel[TaskEvent]]
 
+    #: its leases and queue: the releases in flight, the waits to end
+    admissions: Admissions
+
     def apply(self, effects: list[Effect]) -> None: ...
-    def releases_in_flight(self) -> int: ...
-    def end_queued(self) -> None:
-        """Refuse every request waiting in the admission queue, now and from now on."""
 
 
 class Drain:
@@ -114,7 +115,7 @@ class Drain:
                 now,
                 requests=len(host.waiting),
                 nodes=len(host.machine.owner.nodes),
-                releases=host.releases_in_flight(),
+                releases=host.admissions.releasing,
             )
             if isinstance(step, Done):
                 self.clean = step.clean
@@ -137,7 +138,7 @@ class Drain:
                 len(host.machine.owner.nodes),
             )
         # A queued request ends now rather than at its queue timeout.
-        host.end_queued()
+        host.admissions.end_waits()
         error = InstanceShuttingDown(
             "the coordinator instance shut down before the task ended; retry on another instance",
             retry_after_s=RETRY_ELSEWHERE_S,

@@ -26,13 +26,23 @@ QUEUE_TIMEOUT_S = 60.0
 
 
 class PeerListens(PubSubBus):
+    """Peer B listens, and an assign sent to it is taken as delivered (B itself is only its
+    beats and its node's facts here)."""
+
     async def is_listening(self, instance_id: str) -> bool:
         return instance_id == "B"
 
+    async def send(self, instance_id: str, payload: bytes) -> int:
+        if instance_id == "B" and b'"bus.assign"' in payload:
+            return 1
+        return await super().send(instance_id, payload)
 
-async def beat_as_b(coordination: MemoryCoordination) -> None:
-    """Peer B, alive, with its node n1 of one slot."""
-    node = NodeEntry(node_id="n1", conn_id="c-n1", models=["m"], max_parallel=1, in_flight=1)
+
+async def beat_as_b(coordination: MemoryCoordination, max_parallel: int = 1) -> None:
+    """Peer B, alive, with its node n1."""
+    node = NodeEntry(
+        node_id="n1", conn_id="c-n1", models=["m"], max_parallel=max_parallel, in_flight=1
+    )
     data = registry.encode_snapshot(InstanceSnapshot(instance_id="B", in_flight=1, nodes=[node]))
     while True:
         await coordination.presence.presence_beat(
@@ -41,9 +51,11 @@ async def beat_as_b(coordination: MemoryCoordination) -> None:
         await trio.sleep(0.5)
 
 
-async def full_peer_node(coordination: MemoryCoordination, rules: object) -> None:
-    """B's node's one slot, taken by a request of B's."""
-    facts = NodeFacts(node_id="n1", conn_id="c-n1", instance_id="B", max_parallel=1)
+async def full_peer_node(
+    coordination: MemoryCoordination, rules: object, max_parallel: int = 1
+) -> None:
+    """B's node's facts, one of its slots taken by a request of B's."""
+    facts = NodeFacts(node_id="n1", conn_id="c-n1", instance_id="B", max_parallel=max_parallel)
     await coordination.leases.put_node_facts(facts)
     held = LeaseAsk(
         request_id="t-other", instance_id="B", key_id="k2", model="m", model_gb=0.0, kv_gb=0.0,

@@ -29,7 +29,14 @@ from collections.abc import Callable, Sequence
 import trio
 
 from coordinator.coordination import CoordinationUnavailable, Leases, keys
-from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
+from coordinator.coordination.keys import rate_limit_key
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseRelease,
+    RateAsk,
+)
 from coordinator.core.admission import (
     AdmissionMachine,
     AskStore,
@@ -54,6 +61,7 @@ from coordinator.core.retries import release_retry_in
 from coordinator.errors import CoordinationTimeout, InstanceShuttingDown
 from coordinator.runtime.cluster.bus_outbox import BusOutbox
 from coordinator.runtime.metrics import Metrics, priority_class
+from coordinator.runtime.requests.rate_limit import RateCharge, rate_limited
 from coordinator.settings import Settings
 from protocol import BusWake
 
@@ -144,6 +152,9 @@ class Admissions:
         # granted at once pays for no cancel scope of the drain's.
         self._waits: set[trio.CancelScope] = set()
         self.waits_ended = False
+        #: task id -> its request's rate limit, counted by its first answered ask
+        #: (``TaskRequests._place`` puts it here while the request is being placed)
+        self.rate_charges: dict[str, RateCharge] = {}
 
     # -- taking a lease ---------------------------------------------------------------------
 
@@ -171,6 +182,12 @@ class Admissions:
                 step = self._carry_out(decisions)
                 if isinstance(step, AskStore):
                     admission = await self._admit(effect, step)
+                    if isinstance(admission, Admission) and admission.outcome == "rate_limited":
+                        limit, period = self._settings.rate_limit
+                        limited = rate_limited(limit, period, admission.retry_after_s)
+                        return self._machine.reserve_failed(
+                            effect.task_id, effect.attempt, limited, self._clock()
+                        )
                     if isinstance(admission, CoordinationTimeout):
                         silent_for = admission.silent_for_s
                         decisions = self.waiters.timed_out(ticket, self._clock(), silent_for)
@@ -277,6 +294,7 @@ class Admissions:
             queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
             again=step.again,
             weight=self.weight_of(ask_key),
+            rate=self._rate_ask(effect.task_id),
         )
         try:
             # Shielded: a lease granted to a request that is being cancelled must still reach
@@ -285,7 +303,11 @@ class Admissions:
             # by its TTL).
             # (One scope for both: a cancel scope costs several µs, on every request.)
             with trio.CancelScope(shield=True, relative_deadline=ADMIT_GIVE_UP_S):
-                return await self._coordination.admit(ask, self.rules)
+                admission = await self._coordination.admit(ask, self.rules)
+                charge = self.rate_charges.get(effect.task_id)
+                if ask.rate is not None and charge is not None:
+                    charge.counted = True  # answered: counted (or refused) in that step
+                return admission
             raise CoordinationTimeout(f"no answer within {ADMIT_GIVE_UP_S:g} s")
         except CoordinationTimeout as exc:
             # The machine has it asked again (or gives up past the bound and says so).
@@ -294,6 +316,14 @@ class Admissions:
         except CoordinationUnavailable as exc:
             log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
             return exc
+
+    def _rate_ask(self, task_id: str) -> RateAsk | None:
+        """The request's rate limit, while no ask of it has been answered."""
+        charge = self.rate_charges.get(task_id)
+        if charge is None or charge.counted:
+            return None
+        limit, period = self._settings.rate_limit
+        return RateAsk(rate_limit_key(charge.key_id), limit, period, charge.token)
 
     # -- waking -----------------------------------------------------------------------------
 
