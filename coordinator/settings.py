@@ -6,6 +6,7 @@ variables that are set, so an unset variable takes the field's default.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -323,10 +324,12 @@ class Settings:
             presence_ttl_s=STREAMS_PRESENCE_TTL_S if self.bus == "streams" else 0.0,
         )
 
-    @property
+    @functools.cached_property
     def store_outage_s(self) -> float:
         """How long the coordination store may go without answering before a request fails
-        closed (``core/liveness.py``, ``store_outage_bound_s``): the failover bound."""
+        closed (``core/liveness.py``, ``store_outage_bound_s``): the failover bound. Read on
+        every request and derived from a fresh ``LivenessTiming``, so computed once per
+        settings object (they are frozen; ``with_`` makes a new one)."""
         return self.liveness_timing().store_outage_s
 
     def with_(self, **changes: Any) -> Settings:

@@ -10,6 +10,7 @@ admin_schemas.py    their request and response Structs
 responses.py        typed JSON responses
 errors.py           every error as the native JSON body
 task_runs.py        one task as every route runs it (whole, or streamed event by event)
+rate_charge.py      a task request's rate limit, counted by its admission ask or by its error
 openapi.py          /openapi.json built from the Structs
 metrics_http.py     GET /metrics (on the API port, or on GEMMANET_METRICS_PORT)
 node_websocket.py   /ws/node served from the ASGI events below Quart (every node message)

@@ -7,6 +7,7 @@ import logging
 from quart import Quart, Response
 from werkzeug.exceptions import HTTPException
 
+from coordinator.api.rate_charge import rate_first
 from coordinator.api.responses import error_of, error_response
 from coordinator.errors import GemmaNetError
 
@@ -43,7 +44,7 @@ def http_error_message(exc: HTTPException) -> str:
 def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(GemmaNetError)
     async def _ours(exc: GemmaNetError) -> Response:
-        return error_of(exc)
+        return error_of(await rate_first(exc))
 
     @app.errorhandler(HTTPException)
     async def _http(exc: HTTPException) -> Response:

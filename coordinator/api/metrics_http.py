@@ -49,11 +49,11 @@ def install_metrics(app: Quart, settings: Settings) -> None:
         if metrics is not None:
             # The URL rule, not the path: "/api/v1/tasks/<task_id>/rating" stays one series.
             rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-            metrics.http_requests.labels(route=rule, status=str(response.status_code)).inc()
+            metrics.http_requests_of(rule, str(response.status_code)).inc()
             started = getattr(g, "gemmanet_started", None)
             if started is not None:
                 took = time.perf_counter() - started
-                metrics.http_duration.labels(route=rule).observe(took)
+                metrics.http_duration_of(rule).observe(took)
         return response
 
     if settings.metrics_port is not None:

@@ -14,6 +14,7 @@ from quart import Quart, Response, current_app, request
 from quart_schema import document_request, document_response, security_scheme
 
 from coordinator import __version__
+from coordinator.api.rate_charge import new_rate_charge
 from coordinator.api.responses import json_response
 from coordinator.api.schemas import (
     DeltaEvent,
@@ -115,7 +116,11 @@ def decode_body(data: bytes, struct: type[S]) -> S:
 async def task_request(struct: type[S]) -> tuple[Instance, ApiKey, S]:
     """The opening of every route that runs a task, in its order: the whole body read (a
     keep-alive connection must not be left with an unread body), the key authenticated, its
-    rate limit spent (one budget across every route), then the body decoded strictly."""
+    rate limit charged (one budget across every route), then the body decoded strictly.
+
+    The charge is counted by the task's admission ask (``RateCharge``: the rate limit and the
+    lease in one store round trip); a request refused before that counts it then, and is
+    answered 429 first when over the limit (``rate_first``), as if counted on arrival."""
     data = await read_raw_body()
     inst = instance()
     # A draining instance refuses before any work (no key lookup, no rate limit spent): a
@@ -124,7 +129,7 @@ async def task_request(struct: type[S]) -> tuple[Instance, ApiKey, S]:
     if refusal is not None:
         raise refusal
     api_key = await authenticate()
-    await inst.requests.check_rate_limit(api_key.key_id)
+    new_rate_charge(api_key.key_id)
     inst.admissions.note_key(api_key.key_id, api_key.name, api_key.priority)
     return inst, api_key, decode_body(data, struct)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
+from coordinator.api.rate_charge import rate_charge
 from coordinator.errors import GemmaNetError
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.requests.task_handle import ChunkEvent, DoneEvent, TaskHandle
@@ -57,6 +58,7 @@ async def _start(inst: Instance, key_id: str, ask: TaskAsk, *, stream: bool) -> 
         options=ask.options,
         stream=stream,
         timeout_s=ask.timeout_s,
+        rate=rate_charge(),
     )
 
 
@@ -69,6 +71,7 @@ async def run_whole(inst: Instance, key_id: str, ask: TaskAsk) -> tuple[TaskHand
         options=ask.options,
         stream=False,
         timeout_s=ask.timeout_s,
+        rate=rate_charge(),
     ) as handle:
         done = await handle.result()
     return handle, done

@@ -16,6 +16,12 @@ interface, and the semantics every backend honours (``memory/leases.py`` is the 
   the request out of the queue. Without room it joins the queue (``queued``), or is refused
   (``queue_full``, ``key_limit``, or ``refused`` when no candidate is usable at all: every one
   stale or gone).
+* **The rate limit in the same step** (``LeaseAsk.rate``, optional): before anything else,
+  the ask counts its request in the key's sliding-window log exactly as
+  ``RateLimits.rate_limit`` does (same key, same token: a token already in the window is not
+  counted again). Over the limit, the answer is ``rate_limited`` with ``retry_after_s`` and
+  nothing else changes (no active-set entry, no queue entry, no lease). So a request's rate
+  limit and its admission cost one round trip, not two.
 * **Asking again is safe.** An ask is idempotent per request: a request already in the queue
   keeps its place, one already in its key's active set is not counted twice. An ask whose
   ``lease_id`` was granted to an earlier copy of it whose answer never came back (it timed
@@ -60,6 +66,7 @@ __all__ = [
     "NodeFacts",
     "Outcome",
     "QueuePolicy",
+    "RateAsk",
     "RefusalReason",
 ]
 
@@ -67,7 +74,7 @@ __all__ = [
 #: its owner stopped beating ("stale"), all its parallel slots are leased ("full"), or the
 #: request's memory does not fit in its budget ("memory").
 RefusalReason = Literal["gone", "stale", "full", "memory"]
-Outcome = Literal["granted", "queued", "queue_full", "key_limit", "refused"]
+Outcome = Literal["granted", "queued", "queue_full", "key_limit", "refused", "rate_limited"]
 #: the order of a model's queue: ``fifo`` (first come, first served) or ``fair`` (API keys in
 #: weighted round robin by deficit counters, each key's own requests first come first served)
 QueuePolicy = Literal["fifo", "fair"]
@@ -107,6 +114,24 @@ class AdmissionRules:
 
 
 @dataclass(frozen=True, slots=True)
+class RateAsk:
+    """The rate limit an ask counts its request against first (``RateLimits.rate_limit``'s
+    arguments): ``key`` is the log's name (``keys.rate_limit_key``)."""
+
+    key: str
+    limit: int
+    period_s: float
+    #: the request's token: every ask of one request carries the same
+    token: str
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError(f"limit must be at least 1, got {self.limit!r}")
+        if not self.period_s > 0:
+            raise ValueError(f"period_s must be positive, got {self.period_s!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseAsk:
     """One admission attempt of one request."""
 
@@ -129,6 +154,8 @@ class LeaseAsk:
     again: bool = False
     #: the key's weight in the ``fair`` queue (its priority, 1-100): grants per turn
     weight: int = 1
+    #: count the request against this rate limit first (None: its limit is counted already)
+    rate: RateAsk | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight, int) or self.weight < 1:
@@ -170,6 +197,8 @@ class Admission:
     #: granted: the request id at the (usable) head after this call; queued: the one first in
     #: the queue as it stands (maybe this very request); "" for an empty queue
     head: str = ""
+    #: rate_limited: when the request would be allowed (as ``RateDecision.retry_after_s``)
+    retry_after_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,10 @@ on SIGINT), runs ``run`` and stops its HTTP server when it returns. Meanwhile:
 * ``/readyz`` answers 503 and every new task request ``503 instance_draining`` (``refusal``,
   before its rate limit is spent or any work begins);
 * the instance's nodes take no new task and are told to move (close 4004) once idle;
-* at the end of the window, requests still waiting for a node (queued) are cancelled and
-  those running get ``instance_shutting_down`` as their last event (``_end_remaining``);
+* at the end of the window, requests still waiting for a node (queued) are refused with
+  ``instance_shutting_down`` (``Admissions.end_waits``: the admission queue's waits, which
+  are the only ones cut short, so a request pays for no cancel scope of the drain's) and
+  those running get it as their last event (``_end_remaining``);
   nodes still connected are told to move at once.
 
 The sequence for operators is in docs/operations.md.
@@ -16,8 +18,7 @@ The sequence for operators is in docs/operations.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -26,6 +27,7 @@ from coordinator.core.drain import Done, DrainPlan, EndRemaining
 from coordinator.core.effects import Effect, FailedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.errors import InstanceDraining, InstanceShuttingDown
+from coordinator.runtime.requests.admission import Admissions
 
 __all__ = ["Drain", "DrainHost"]
 
@@ -45,8 +47,10 @@ class DrainHost(Protocol):
     #: task id -> the channel of the request waiting for its events
     waiting: dict[str, trio.MemorySendChannel[TaskEvent]]
 
+    #: its leases and queue: the releases in flight, the waits to end
+    admissions: Admissions
+
     def apply(self, effects: list[Effect]) -> None: ...
-    def releases_in_flight(self) -> int: ...
 
 
 class Drain:
@@ -56,9 +60,6 @@ class Drain:
         #: once its nodes moved away, how long the instance stays listing them (core/drain.py)
         self.settle_s = settle_s
         self.plan = DrainPlan()
-        # Requests being placed (a lease, the queue, a dispatch): cancelled when the window
-        # ends, so a queued request ends then rather than at its queue timeout.
-        self._placing: set[trio.CancelScope] = set()
         self._wake = trio.Event()
         #: True once ``run`` returned with nothing cut short
         self.clean = False
@@ -83,16 +84,6 @@ class Drain:
     def accepts_nodes(self) -> bool:
         """A node connecting while draining is told to move before it is attached."""
         return self.plan.admits
-
-    @contextmanager
-    def placing(self) -> Iterator[trio.CancelScope]:
-        """Around a request's placement; the scope is cancelled when the window ends."""
-        with trio.CancelScope() as scope:
-            self._placing.add(scope)
-            try:
-                yield scope
-            finally:
-                self._placing.discard(scope)
 
     def begin(self) -> None:
         """The first SIGTERM (a second call: ``hurry``)."""
@@ -124,7 +115,7 @@ class Drain:
                 now,
                 requests=len(host.waiting),
                 nodes=len(host.machine.owner.nodes),
-                releases=host.releases_in_flight(),
+                releases=host.admissions.releasing,
             )
             if isinstance(step, Done):
                 self.clean = step.clean
@@ -146,8 +137,8 @@ class Drain:
                 len(host.waiting),
                 len(host.machine.owner.nodes),
             )
-        for scope in list(self._placing):
-            scope.cancel()
+        # A queued request ends now rather than at its queue timeout.
+        host.admissions.end_waits()
         error = InstanceShuttingDown(
             "the coordinator instance shut down before the task ended; retry on another instance",
             retry_after_s=RETRY_ELSEWHERE_S,

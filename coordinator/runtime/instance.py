@@ -236,9 +236,6 @@ class Instance:
         process never gets here; its closed inbox tells the peers.)"""
         await self.membership.leave()
 
-    def releases_in_flight(self) -> int:
-        return self.admissions.releasing
-
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{self._ids.getrandbits(96):024x}"
 

@@ -88,6 +88,7 @@ process.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -182,6 +183,24 @@ def _mapping(value: object) -> dict[str, float]:
     return {str(k): _number(v) for k, v in value.items()}
 
 
+class Children:
+    """A labelled metric's children, each looked up once: ``labels()`` takes a lock and
+    builds its key on every call (a few µs, several times per request), a dict does not.
+    Children are never removed from these metrics, so a cached one stays the metric's."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class Metrics:
     """The metrics of one instance; ``diagnostics`` is read at every scrape."""
 
@@ -274,6 +293,15 @@ class Metrics:
             buckets=REDIS_BUCKETS,
             registry=r,
         )
+        # The children counted on every request (``Children``).
+        self.http_requests_of = Children(self.http_requests)
+        self.http_duration_of = Children(self.http_duration)
+        self.task_duration_of = Children(self.task_duration)
+        self.task_outcomes_of = Children(self.task_outcomes)
+        self.tokens_of = Children(self.tokens)
+        self.lease_denials_of = Children(self.lease_denials)
+        self.affinity_placements_of = Children(self.affinity_placements)
+        self.queue_wait_by_priority_of = Children(self.queue_wait_by_priority)
         r.register(_DiagnosticsCollector(diagnostics))
         # The process's own series (process_cpu_seconds_total, process_resident_memory_bytes,
         # process_open_fds, …; python_info), read from /proc at scrape time.
@@ -290,7 +318,7 @@ class Metrics:
 
     def task_outcome(self, code: str, status: int | None = None) -> None:
         status = status if status is not None else self._status_of.get(code, 500)
-        self.task_outcomes.labels(code=code, status=str(status)).inc()
+        self.task_outcomes_of(code, str(status)).inc()
 
     def task_refused(self, error: GemmaNetError) -> None:
         """A request that ended before a task was placed (no node, queue timeout, …)."""
@@ -298,16 +326,16 @@ class Metrics:
 
     def task_ended(self, outcome: str, *, local: bool, took_s: float) -> None:
         self.task_outcome(outcome)
-        self.task_duration.labels(path="local" if local else "remote").observe(took_s)
+        self.task_duration_of("local" if local else "remote").observe(took_s)
 
     def tokens_used(self, model: str, usage: Usage) -> None:
         """A task ended with the usage its node reported (a task without usage counts nothing)."""
-        self.tokens.labels(model=model, kind="prompt").inc(usage.prompt_tokens)
-        self.tokens.labels(model=model, kind="completion").inc(usage.completion_tokens)
+        self.tokens_of(model, "prompt").inc(usage.prompt_tokens)
+        self.tokens_of(model, "completion").inc(usage.completion_tokens)
 
     def affinity_placement(self, result: str, blocks: int) -> None:
         """A placement with affinity on: ``result`` hit, miss or unavailable."""
-        self.affinity_placements.labels(result=result).inc()
+        self.affinity_placements_of(result).inc()
         if result != "unavailable":
             self.affinity_blocks.observe(blocks)
 

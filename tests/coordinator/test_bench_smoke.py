@@ -193,3 +193,19 @@ def test_affinity_benchmark(tmp_path: Path) -> None:
     # each way through the shared store); with affinity off nothing is looked up.
     assert data["on"]["hit_rate"] > 0 and data["off"]["hit_rate"] is None
     assert has_ratio(data, "ttft_mean_on_over_off", stdout, "mean time to first token on / off:")
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_redis_commands_benchmark() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.redis_commands", "--requests", "5"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Redis commands per POST /api/v1/request (5 requests" in proc.stdout, proc.stdout
+    assert "scripts (evalsha)" in proc.stdout and "evalsha" in proc.stdout, proc.stdout

@@ -6,6 +6,8 @@
   ``redis-server``), ``--py-spy DIR`` profiles the coordinator and splits its CPU by category.
 * ``python -m tools.bench.stream`` (= ``throughput --stream``) — the CPU of one streamed chunk
   (node -> coordinator -> SSE to the client) against a non-streamed request, side by side.
+* ``python -m tools.bench.redis_commands`` — Redis commands (and scripts: round trips) per
+  request, from the server's ``INFO commandstats``.
 * ``python -m tools.bench.cross_instance`` — open-loop latency of a request that crosses to
   another instance over the Redis bus against one served locally, side by side, on each Redis
   client of the bus (lean, coredis), with raw round trips for scale (``_probes.py``: pub/sub
@@ -33,6 +35,7 @@ alternating rounds of the same run.
 
 throughput.py      closed-loop request against /healthz (or streamed chunks), side by side
 stream.py          throughput --stream under its own name
+redis_commands.py  Redis commands (and scripts: round trips) per request
 cross_instance.py  the cross-instance hop against a local request, on each bus client
 failover.py        how fast a client learns that its task's instance is gone (kill -9)
 revocation.py      how fast a revocation reaches the other instance (keys and nodes)

@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from coordinator.api.errors import http_error_message
 from coordinator.api.ollama.schemas import OllamaError
+from coordinator.api.rate_charge import rate_first
 from coordinator.errors import GemmaNetError, NoNodeForModel
 
 log = logging.getLogger("gemmanet.api")
@@ -58,7 +59,7 @@ def install_ollama_error_handlers(blueprint: Blueprint) -> None:
 
     @blueprint.errorhandler(GemmaNetError)
     async def _ours(exc: GemmaNetError) -> Response:
-        return ollama_error_of(exc)
+        return ollama_error_of(await rate_first(exc))
 
     @blueprint.errorhandler(HTTPException)
     async def _http(exc: HTTPException) -> Response:

@@ -21,6 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from coordinator.api.errors import http_error_code, http_error_message
 from coordinator.api.openai.schemas import OpenAIErrorDetail, OpenAIErrorResponse
+from coordinator.api.rate_charge import rate_first
 from coordinator.errors import (
     GemmaNetError,
     InvalidFields,
@@ -100,7 +101,7 @@ def install_openai_error_handlers(blueprint: Blueprint) -> None:
 
     @blueprint.errorhandler(GemmaNetError)
     async def _ours(exc: GemmaNetError) -> Response:
-        return openai_error_of(exc)
+        return openai_error_of(await rate_first(exc))
 
     @blueprint.errorhandler(HTTPException)
     async def _http(exc: HTTPException) -> Response:

@@ -160,6 +160,13 @@ class MemoryLeases:
 
     async def admit(self, ask: LeaseAsk, rules: AdmissionRules) -> Admission:
         state = await self._link.enter()
+        rate = ask.rate
+        if rate is not None:  # the same step: nothing runs between the two
+            decision = state.rate_limit(
+                rate.key, limit=rate.limit, period_s=rate.period_s, token=rate.token
+            )
+            if not decision.allowed:
+                return Admission("rate_limited", retry_after_s=decision.retry_after_s)
         return state.leases.admit(ask, rules, state.now())
 
     async def renew_leases(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> list[bool]:

@@ -29,7 +29,7 @@ wrote (``repr``: exact) and are stored as such; sums are returned with ``%.17g``
 from __future__ import annotations
 
 from coordinator.coordination.redis.queue_lua import QUEUE_LUA
-from coordinator.coordination.redis.scripts import LuaScript, _script
+from coordinator.coordination.redis.scripts import RATE_LIMIT_LUA, LuaScript, _script
 
 __all__ = ["ADMIT", "DROP_FACTS", "QUEUE_DEPTHS", "RELEASE", "RENEW", "USAGE"]
 
@@ -110,16 +110,18 @@ def _lease_script(name: str, body: str) -> LuaScript:
     return _script(name, _PRELUDE + body)
 
 
-# KEYS: presence, facts, active set, the queue's five (``queue_at``), then (leases, lease
-# info) per candidate. ARGV: request id, instance, model_gb, kv_gb, model, lease id, queue
-# entry TTL us, facts_stale us, requester_stale us, lease TTL us, queue_max,
-# max_active_per_key (0: no limit), '1'/'0' (asked again: look for the lease id first),
-# 'fair'/'fifo', key id, weight, then (node id, conn id) per candidate.
-# Returns {outcome, node, conn, lease id, position, {node, reason, ...}, next_in_queue,
-# head request id}.
+# KEYS: presence, facts, active set, the queue's five (``queue_at``), the key's rate-limit
+# log, then (leases, lease info) per candidate. ARGV: request id, instance, model_gb, kv_gb,
+# model, lease id, queue entry TTL us, facts_stale us, requester_stale us, lease TTL us,
+# queue_max, max_active_per_key (0: no limit), '1'/'0' (asked again: look for the lease id
+# first), 'fair'/'fifo', key id, weight, rate limit (0: not counted here), its period us, its
+# member, then (node id, conn id) per candidate.
+# Returns {outcome, node, conn, lease id, position (rate_limited: the retry after, us),
+# {node, reason, ...}, next_in_queue, head request id}.
 ADMIT = _lease_script(
     "lease_admit",
-    """
+    RATE_LIMIT_LUA
+    + """
 local presence, facts_key, active = KEYS[1], KEYS[2], KEYS[3]
 local Q = queue_at(4, ARGV[14] == 'fair')
 local key_id, weight = ARGV[15], ARGV[16]
@@ -129,14 +131,22 @@ local queue_ttl, facts_window = tonumber(ARGV[7]), tonumber(ARGV[8])
 local requester_window, lease_ttl = tonumber(ARGV[9]), tonumber(ARGV[10])
 local queue_max, limit = tonumber(ARGV[11]), tonumber(ARGV[12])
 local again = ARGV[13] == '1'
-local candidates = (#ARGV - 16) / 2
+local candidates = (#ARGV - 19) / 2
+
+-- The request's rate limit first (scripts.py RATE_LIMIT, the same log and member): over it,
+-- nothing else happens.
+local rate = tonumber(ARGV[17])
+if rate > 0 then
+  local decision = rate_limit(KEYS[9], rate, tonumber(ARGV[18]), ARGV[19])
+  if decision[1] == 0 then return {'rate_limited', '', '', '', decision[2], {}, '', ''} end
+end
 
 -- Asked again after a copy of this ask got no answer: a lease that copy was granted is this
 -- ask's, if its node is still usable as that candidate; else it can serve nobody.
 if again then
   for k = 0, candidates - 1 do
-    local node, conn = ARGV[17 + 2 * k], ARGV[18 + 2 * k]
-    local n, i = KEYS[9 + 2 * k], KEYS[10 + 2 * k]
+    local node, conn = ARGV[20 + 2 * k], ARGV[21 + 2 * k]
+    local n, i = KEYS[10 + 2 * k], KEYS[11 + 2 * k]
     local expires = redis.call('ZSCORE', n, lease_id)
     if expires and tonumber(expires) > now then
       local raw = redis.call('HGET', facts_key, node)
@@ -200,8 +210,8 @@ end
 
 if ahead == 0 then
   for k = 0, candidates - 1 do
-    local node, conn = ARGV[17 + 2 * k], ARGV[18 + 2 * k]
-    local why = try_reserve(node, conn, KEYS[9 + 2 * k], KEYS[10 + 2 * k])
+    local node, conn = ARGV[20 + 2 * k], ARGV[21 + 2 * k]
+    local why = try_reserve(node, conn, KEYS[10 + 2 * k], KEYS[11 + 2 * k])
     if not why then
       queue_granted(Q, rid)
       local next_rid, next_instance = queue_head(Q, presence, requester_window)

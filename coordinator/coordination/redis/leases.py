@@ -18,6 +18,7 @@ from coordinator.coordination.keys import (
     lease_active_key,
     lease_node_keys,
     lease_queue_keys,
+    rate_limit_key,
 )
 from coordinator.coordination.leases import (
     Admission,
@@ -130,11 +131,21 @@ class RedisLeases:
             ask.key_id,
             str(int(ask.weight)),
         ]
+        rate = ask.rate
+        # The log's key is always named (Cluster: every key of a script is declared; all of
+        # them share the prefix's hash tag), counted only with a rate ask.
+        keys.append(self._name(rate.key if rate is not None else rate_limit_key(ask.key_id)))
+        if rate is None:
+            args += ["0", "0", ""]
+        else:
+            args += [str(int(rate.limit)), _us(rate.period_s), f"t:{rate.token}"]
         for node_id, conn_id in ask.candidates:
             keys += self._node_keys(node_id)
             args += [node_id, conn_id]
         reply = await self._link.run_script(self.admit_script, keys, args)
         outcome, node_id, conn_id, lease_id, position, flat, next_in_queue, head = reply
+        if _text(outcome) == "rate_limited":
+            return Admission("rate_limited", retry_after_s=int(position) / 1_000_000)
         refusals = {
             _text(flat[k]): cast(RefusalReason, _text(flat[k + 1])) for k in range(0, len(flat), 2)
         }

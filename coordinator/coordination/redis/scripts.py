@@ -7,13 +7,14 @@ TTL arguments are milliseconds as decimal strings; an empty string means "no exp
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "COMPARE_AND_SET",
     "INCR_WITH_TTL",
     "PRESENCE",
     "RATE_LIMIT",
+    "RATE_LIMIT_LUA",
     "REFRESH_IF",
     "REFRESH_MANY",
     "SWAP_MANY",
@@ -25,10 +26,12 @@ __all__ = [
 class LuaScript:
     name: str
     source: bytes
+    #: the EVALSHA digest, computed once (it was hashed again on every call, several KiB for
+    #: the lease scripts)
+    sha: bytes = field(init=False, repr=False, compare=False)
 
-    @property
-    def sha(self) -> bytes:
-        return hashlib.sha1(self.source).hexdigest().encode()
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source).hexdigest().encode())
 
 
 def _script(name: str, source: str) -> LuaScript:
@@ -128,31 +131,41 @@ return value
 )
 
 # Sliding-window log in a sorted set, scored in microseconds of the server's clock (TIME), so
-# every instance is judged against one clock. Only allowed calls are recorded.
-# KEYS[1] key; ARGV[1] limit; ARGV[2] period in microseconds; ARGV[3] unique member suffix.
-# Returns {allowed 0/1, retry_after microseconds, remaining}.
+# every instance is judged against one clock. Only allowed calls are recorded. A member already
+# in the window (the same request asking again) is allowed without being counted twice.
+# rate_limit(key, limit, period in microseconds, member) -> {allowed 0/1, retry_after
+# microseconds, remaining}; ``now`` is the caller's TIME. Shared with the lease admission
+# script (``lease_scripts.py`` ADMIT), which counts a request and admits it in one step.
 # Scores are formatted with %.0f: Lua's default number formatting (%.14g) would round them.
+RATE_LIMIT_LUA = """
+local function rate_limit(key, limit, period, member)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', now - period))
+  local count = redis.call('ZCARD', key)
+  if redis.call('ZSCORE', key, member) then
+    return {1, 0, math.max(limit - count, 0)}
+  end
+  if count < limit then
+    redis.call('ZADD', key, string.format('%.0f', now), member)
+    redis.call('PEXPIRE', key, math.ceil(period / 1000))
+    return {1, 0, limit - count - 1}
+  end
+  local releasing = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+  local retry = tonumber(releasing[2]) + period - now
+  if retry < 0 then retry = 0 end
+  return {0, retry, 0}
+end
+"""
+
+# KEYS[1] key; ARGV[1] limit; ARGV[2] period in microseconds; ARGV[3] member.
 RATE_LIMIT = _script(
     "rate_limit",
     """
-local limit = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - period))
-local count = redis.call('ZCARD', KEYS[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
-  return {1, 0, math.max(limit - count, 0)}
-end
-if count < limit then
-  redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000))
-  return {1, 0, limit - count - 1}
-end
-local releasing = redis.call('ZRANGE', KEYS[1], count - limit, count - limit, 'WITHSCORES')
-local retry = tonumber(releasing[2]) + period - now
-if retry < 0 then retry = 0 end
-return {0, retry, 0}
+"""
+    + RATE_LIMIT_LUA
+    + """
+return rate_limit(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3])
 """,
 )
 

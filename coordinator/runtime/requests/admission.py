@@ -29,7 +29,14 @@ from collections.abc import Callable, Sequence
 import trio
 
 from coordinator.coordination import CoordinationUnavailable, Leases, keys
-from coordinator.coordination.leases import Admission, AdmissionRules, LeaseAsk, LeaseRelease
+from coordinator.coordination.keys import rate_limit_key
+from coordinator.coordination.leases import (
+    Admission,
+    AdmissionRules,
+    LeaseAsk,
+    LeaseRelease,
+    RateAsk,
+)
 from coordinator.core.admission import (
     AdmissionMachine,
     AskStore,
@@ -51,13 +58,18 @@ from coordinator.core.effects import Effect, ReleaseLease, Reserve
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.placement import NodeView
 from coordinator.core.retries import release_retry_in
-from coordinator.errors import CoordinationTimeout
+from coordinator.errors import CoordinationTimeout, InstanceShuttingDown
 from coordinator.runtime.cluster.bus_outbox import BusOutbox
 from coordinator.runtime.metrics import Metrics, priority_class
+from coordinator.runtime.requests.rate_limit import RateCharge, rate_limited
 from coordinator.settings import Settings
 from protocol import BusWake
 
 log = logging.getLogger("gemmanet.admission")
+
+SHUT_DOWN_MESSAGE = (
+    "the coordinator instance shut down before a node was free; retry on another instance"
+)
 
 #: queue and active-set entries of an instance silent this long stop counting
 REQUESTER_STALE_S = 10.0
@@ -135,6 +147,14 @@ class Admissions:
         self.lost_leases = 0
         #: releases not yet answered by the store (a drain waits for them)
         self.releasing = 0
+        # The queue waits under way (``_wait``) and whether a drain ended them all
+        # (``end_waits``): the only waits a drain's window cuts short, so a request that is
+        # granted at once pays for no cancel scope of the drain's.
+        self._waits: set[trio.CancelScope] = set()
+        self.waits_ended = False
+        #: task id -> its request's rate limit, counted by its first answered ask
+        #: (``TaskRequests._place`` puts it here while the request is being placed)
+        self.rate_charges: dict[str, RateCharge] = {}
 
     # -- taking a lease ---------------------------------------------------------------------
 
@@ -162,6 +182,12 @@ class Admissions:
                 step = self._carry_out(decisions)
                 if isinstance(step, AskStore):
                     admission = await self._admit(effect, step)
+                    if isinstance(admission, Admission) and admission.outcome == "rate_limited":
+                        limit, period = self._settings.rate_limit
+                        limited = rate_limited(limit, period, admission.retry_after_s)
+                        return self._machine.reserve_failed(
+                            effect.task_id, effect.attempt, limited, self._clock()
+                        )
                     if isinstance(admission, CoordinationTimeout):
                         silent_for = admission.silent_for_s
                         decisions = self.waiters.timed_out(ticket, self._clock(), silent_for)
@@ -170,7 +196,13 @@ class Admissions:
                     else:
                         decisions = self.waiters.answer(ticket, admission, self._clock())
                 elif isinstance(step, WaitUntil):
-                    await self._wait(step)
+                    if not self.waits_ended:
+                        await self._wait(step)
+                    if self.waits_ended:  # a drain's window ended: no lease for it here
+                        error = InstanceShuttingDown(SHUT_DOWN_MESSAGE, retry_after_s=1.0)
+                        return self._machine.reserve_failed(
+                            effect.task_id, effect.attempt, error, self._clock()
+                        )
                     decisions = self.waiters.waited(ticket, self._candidates(effect), self._clock())
                 elif isinstance(step, Granted):
                     self._metrics.lease_grants.inc()
@@ -178,7 +210,7 @@ class Admissions:
                         effect.task_id, effect.attempt, step.view, step.lease_id, self._clock()
                     )
                 elif isinstance(step, Failed):
-                    self._metrics.lease_denials.labels(reason=step.reason).inc()
+                    self._metrics.lease_denials_of(step.reason).inc()
                     return self._machine.reserve_failed(
                         effect.task_id, effect.attempt, step.error, self._clock()
                     )
@@ -204,7 +236,7 @@ class Admissions:
                 envelope = BusWake(model=decision.model)
                 self._outbox.send(decision.instance_id, envelope, give_up_in=WAKE_GIVE_UP_S)
             elif isinstance(decision, Queued):
-                self._metrics.lease_denials.labels(reason="no_room").inc()
+                self._metrics.lease_denials_of("no_room").inc()
                 self._machine.requester.waiting(decision.ticket[0])
             elif isinstance(decision, MayHold):
                 # Whatever an unanswered ask left in the store is given back at the end.
@@ -215,19 +247,33 @@ class Admissions:
             elif isinstance(decision, Left) and decision.queued_for is not None:
                 self._metrics.queue_wait.observe(decision.queued_for)
                 priority = self._priorities.get(decision.ticket, "1")
-                by_priority = self._metrics.queue_wait_by_priority.labels(priority=priority)
+                by_priority = self._metrics.queue_wait_by_priority_of(priority)
                 by_priority.observe(decision.queued_for)
                 count, total = self.waited_by_priority.get(priority, (0, 0.0))
                 self.waited_by_priority[priority] = (count + 1, total + decision.queued_for)
         return step_of(decisions)
 
     async def _wait(self, step: WaitUntil) -> None:
-        if not step.wakeable:
-            await trio.sleep_until(step.at)
-            return
-        with trio.move_on_at(step.at):
-            await self._wakes[step.ticket].wait()
-        self._wakes[step.ticket] = trio.Event()
+        # One scope, its deadline the machine's time; ``end_waits`` cancels it.
+        scope = trio.CancelScope(deadline=step.at)
+        self._waits.add(scope)
+        try:
+            with scope:
+                if step.wakeable:
+                    await self._wakes[step.ticket].wait()
+                else:
+                    await trio.sleep_forever()
+        finally:
+            self._waits.discard(scope)
+        if step.wakeable:
+            self._wakes[step.ticket] = trio.Event()
+
+    def end_waits(self) -> None:
+        """A drain's window ended: every request waiting in the queue, or about to, is refused
+        with ``instance_shutting_down`` (its machine hears ``reserve_failed``)."""
+        self.waits_ended = True
+        for scope in list(self._waits):
+            scope.cancel()
 
     async def _admit(self, effect: Reserve, step: AskStore) -> Admission | CoordinationUnavailable:
         """The store's answer, or why there is none (``CoordinationTimeout``: it did not
@@ -248,14 +294,20 @@ class Admissions:
             queue_entry_ttl_s=self._settings.queue_timeout_s + REQUESTER_STALE_S,
             again=step.again,
             weight=self.weight_of(ask_key),
+            rate=self._rate_ask(effect.task_id),
         )
         try:
             # Shielded: a lease granted to a request that is being cancelled must still reach
             # the machine (synchronously, in the caller), which gives it back. Bounded: a
             # store that hangs must not hold up a shutdown (a lease granted meanwhile heals
             # by its TTL).
-            with trio.CancelScope(shield=True), trio.move_on_after(ADMIT_GIVE_UP_S):
-                return await self._coordination.admit(ask, self.rules)
+            # (One scope for both: a cancel scope costs several µs, on every request.)
+            with trio.CancelScope(shield=True, relative_deadline=ADMIT_GIVE_UP_S):
+                admission = await self._coordination.admit(ask, self.rules)
+                charge = self.rate_charges.get(effect.task_id)
+                if ask.rate is not None and charge is not None:
+                    charge.counted = True  # answered: counted (or refused) in that step
+                return admission
             raise CoordinationTimeout(f"no answer within {ADMIT_GIVE_UP_S:g} s")
         except CoordinationTimeout as exc:
             # The machine has it asked again (or gives up past the bound and says so).
@@ -264,6 +316,14 @@ class Admissions:
         except CoordinationUnavailable as exc:
             log.warning("task %s: cannot take a capacity lease: %s", effect.task_id, exc)
             return exc
+
+    def _rate_ask(self, task_id: str) -> RateAsk | None:
+        """The request's rate limit, while no ask of it has been answered."""
+        charge = self.rate_charges.get(task_id)
+        if charge is None or charge.counted:
+            return None
+        limit, period = self._settings.rate_limit
+        return RateAsk(rate_limit_key(charge.key_id), limit, period, charge.token)
 
     # -- waking -----------------------------------------------------------------------------
 

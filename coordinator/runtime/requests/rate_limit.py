@@ -1,5 +1,7 @@
 """The per-API-key rate limit on ``POST /api/v1/request``, exact across instances (the
-sliding-window log lives in the coordination backend: one Lua script on Redis).
+sliding-window log lives in the coordination backend: one Lua script on Redis, which the
+admission script runs too, so a request that asks for a lease is counted in that same round
+trip: ``RateCharge``).
 
 A check that times out (the store is slow, not known down) is made again after a backoff
 (``core/retries.py``, ``store_retry_in``) until the store has answered nothing for
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from dataclasses import dataclass, field
 
 import trio
 
@@ -27,6 +30,27 @@ from coordinator.errors import (
 log = logging.getLogger("gemmanet.rate_limit")
 
 
+@dataclass(slots=True)
+class RateCharge:
+    """One request's rate limit, counted once: by its first admission ask that the store
+    answers (the same script, ``LeaseAsk.rate``: one round trip for both), or on its own
+    (``check_rate_limit``, with the same token) when the request ends before it asks, so a
+    request refused earlier (a bad body, no node for its model) still counts and is still
+    answered 429 when over the limit."""
+
+    key_id: str
+    #: the request's token in the window (every ask of it carries the same)
+    token: str = field(default_factory=lambda: secrets.token_hex(8))
+    counted: bool = False
+
+
+def rate_limited(limit: int, period: float, retry_after_s: float) -> RateLimited:
+    return RateLimited(
+        f"rate limit of {limit} requests per {period:g} s exceeded for this API key",
+        retry_after_s=retry_after_s,
+    )
+
+
 async def check_rate_limit(
     coordination: RateLimits,
     rate: tuple[int, float],
@@ -34,13 +58,15 @@ async def check_rate_limit(
     *,
     store_outage_s: float = 0.0,
     budget_s: float = 0.0,
+    token: str | None = None,
 ) -> None:
     """Count one request of ``key_id``; raises RateLimited (429) past ``rate`` (limit, period
     in seconds), CoordinationDown (503) when the store cannot tell: it refused or closed the
     connection, or timed out and has answered nothing for ``store_outage_s``, or the checks
     took ``budget_s`` (a timeout before that is made again)."""
     limit, period = rate
-    salt = secrets.token_hex(8)  # this request's token, and the seed of its backoff jitter
+    # This request's token, and the seed of its backoff jitter.
+    salt = token if token is not None else secrets.token_hex(8)
     first_at = trio.current_time()
     retries = TimeoutRetries(store_outage_s=store_outage_s, deadline=first_at + budget_s, salt=salt)
     while True:
@@ -64,7 +90,4 @@ async def check_rate_limit(
             log.warning("rate limit check failed: %s", exc)
             raise CoordinationDown(COORDINATION_DOWN_MESSAGE) from None
     if not decision.allowed:
-        raise RateLimited(
-            f"rate limit of {limit} requests per {period:g} s exceeded for this API key",
-            retry_after_s=decision.retry_after_s,
-        )
+        raise rate_limited(limit, period, decision.retry_after_s)

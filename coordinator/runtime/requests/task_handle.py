@@ -63,20 +63,28 @@ class TaskHandle:
 
     async def next_event(self) -> ChunkEvent | DoneEvent:
         """The next chunk or the final result; raises the task's error (502/503/504)."""
-        with trio.move_on_at(self.deadline):
-            while True:
-                event = await self._events.receive()
-                if isinstance(event, MovedEvent):
-                    # Refused where first placed (never ran there); runs on this node now.
-                    self.node_id, self.conn_id = event.node_id, event.conn_id
-                    self.owner_instance = event.owner_instance
-                    continue
-                if isinstance(event, FailedEvent):
-                    raise event.error
-                if isinstance(event, DoneEvent):
-                    self.done = event
-                return event
-        raise TaskTimedOut(f"task {self.task_id} got no result within {self.timeout_s:g} s")
+        while True:
+            event: TaskEvent | None = None
+            if trio.current_time() < self.deadline:
+                try:
+                    # An event already here (a stream's chunks often come several at a time)
+                    # needs no deadline scope: a cancel scope costs several µs per call.
+                    event = self._events.receive_nowait()
+                except trio.WouldBlock:
+                    with trio.move_on_at(self.deadline):
+                        event = await self._events.receive()
+            if event is None:
+                raise TaskTimedOut(f"task {self.task_id} got no result within {self.timeout_s:g} s")
+            if isinstance(event, MovedEvent):
+                # Refused where first placed (never ran there); runs on this node now.
+                self.node_id, self.conn_id = event.node_id, event.conn_id
+                self.owner_instance = event.owner_instance
+                continue
+            if isinstance(event, FailedEvent):
+                raise event.error
+            if isinstance(event, DoneEvent):
+                self.done = event
+            return event
 
     def record(self, instance_id: str, *, finished_at: float) -> TaskRecord:
         """What the store keeps of this task once it ended (``outcome`` is set)."""

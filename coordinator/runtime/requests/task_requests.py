@@ -24,13 +24,20 @@ from coordinator.core.affinity import prefix_text
 from coordinator.core.effects import Effect, FailedEvent, MovedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.task_content import check_content_fits
-from coordinator.errors import GemmaNetError, InstanceShuttingDown, NodeDisconnected, StoreError
+from coordinator.errors import (
+    GemmaNetError,
+    InstanceDraining,
+    NodeDisconnected,
+    RateLimited,
+    StoreError,
+)
 from coordinator.runtime.drain import Drain
 from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.requests import task_log
+from coordinator.runtime.requests.admission import Admissions
 from coordinator.runtime.requests.affinity import Affinity, Lookup
-from coordinator.runtime.requests.rate_limit import check_rate_limit
+from coordinator.runtime.requests.rate_limit import RateCharge, check_rate_limit
 from coordinator.runtime.requests.task_handle import TaskHandle, queued_failure
 from coordinator.runtime.requests.task_recorder import TaskRecorder
 from coordinator.settings import Settings
@@ -59,6 +66,8 @@ class RequestHost(Protocol):
     store: Store
     #: SIGTERM's drain: refuses new requests, ends queued ones when its window is over
     drain: Drain
+    #: leases and the admission queue (a request's rate charge rides on its first ask)
+    admissions: Admissions
 
     def new_id(self, prefix: str) -> str: ...
     def apply(self, effects: list[Effect]) -> None: ...
@@ -70,7 +79,7 @@ class TaskRequests:
         self._instance = instance
         self._rate_limits = rate_limits
 
-    async def check_rate_limit(self, key_id: str) -> None:
+    async def check_rate_limit(self, key_id: str, *, token: str | None = None) -> None:
         """Raises RateLimited past the key's budget (one budget across every route). A slow
         store is waited out up to the outage bound, within the request's own budget (its
         queue timeout, capped by the task timeout)."""
@@ -81,7 +90,32 @@ class TaskRequests:
             key_id,
             store_outage_s=settings.store_outage_s,
             budget_s=min(settings.queue_timeout_s, settings.task_timeout_s),
+            token=token,
         )
+
+    async def charge(self, charge: RateCharge) -> None:
+        """Count the request's rate limit now unless an admission ask counted it already
+        (raises RateLimited over the limit, CoordinationDown when the store cannot tell)."""
+        if charge.counted:
+            return
+        try:
+            await self.check_rate_limit(charge.key_id, token=charge.token)
+        except RateLimited:
+            charge.counted = True
+            raise
+        charge.counted = True
+
+    async def charge_first(self, charge: RateCharge, error: GemmaNetError) -> GemmaNetError:
+        """A request refused with ``error`` before an ask counted its rate limit: counted now,
+        and what it is answered (the rate limit's error first, as when it was counted on
+        arrival)."""
+        if charge.counted or isinstance(error, InstanceDraining):
+            return error  # a draining instance spends no rate limit
+        try:
+            await self.charge(charge)
+        except GemmaNetError as first:
+            return first
+        return error
 
     async def rate(self, task_id: str, key_id: str, score: int) -> None:
         inst = self._instance
@@ -103,12 +137,15 @@ class TaskRequests:
         options: Options | None = None,
         stream: bool,
         timeout_s: float | None,
+        rate: RateCharge | None = None,
     ) -> TaskHandle:
         """Place a task on a node and send it there. The caller must ``end`` the handle
         (``open`` does it); a handle that is never ended is swept at its deadline.
         The task runs on ``prompt`` or on ``messages`` (exactly one), with ``options``.
         Raises NoNodeForModel when no node serves the model; waits in the admission queue
-        while none has room (AllNodesBusy after the queue timeout)."""
+        while none has room (AllNodesBusy after the queue timeout). With ``rate``, the
+        request's rate limit is counted too: in its admission ask (the same round trip), or
+        on its own when it did not get that far (RateLimited first when over it)."""
         inst = self._instance
         began = inst.clock()
         try:
@@ -116,12 +153,19 @@ class TaskRequests:
             if refusal is not None:
                 raise refusal
             assign, deadline = self._assign(model, prompt, messages, options, stream, timeout_s)
-            text = prefix_text(prompt, messages)
-            lookup = await inst.affinity.predict(model, text, messages is not None)
-            handle = await self._place(key_id, assign, deadline, lookup)
+            # Nothing at all with affinity off (not even the prefix's text).
+            lookup = None
+            if inst.affinity.enabled:
+                text = prefix_text(prompt, messages)
+                lookup = await inst.affinity.predict(model, text, messages is not None)
+            handle = await self._place(key_id, assign, deadline, lookup, rate)
         except GemmaNetError as exc:
-            inst.metrics.task_refused(exc)
-            raise
+            error = exc if rate is None else await self.charge_first(rate, exc)
+            if not isinstance(error, RateLimited):  # counted with the route's refusals
+                inst.metrics.task_refused(error)
+            if error is exc:
+                raise
+            raise error from None
         except trio.Cancelled:
             inst.metrics.task_outcome("client_gone")
             raise
@@ -159,31 +203,39 @@ class TaskRequests:
         return assign, inst.clock() + timeout
 
     async def _place(
-        self, key_id: str, assign: Assign, deadline: float, lookup: Lookup | None
+        self,
+        key_id: str,
+        assign: Assign,
+        deadline: float,
+        lookup: Lookup | None,
+        rate: RateCharge | None,
     ) -> TaskHandle:
         inst = self._instance
         task_id = assign.task_id
         send, receive = trio.open_memory_channel[TaskEvent](math.inf)
         inst.waiting[task_id] = send
         prediction = lookup.prediction if lookup is not None else None
+        if rate is not None:
+            inst.admissions.rate_charges[task_id] = rate
         try:
-            with inst.drain.placing() as placing:
-                await inst.carry_out(
-                    inst.machine.submit(assign, deadline, inst.clock(), key_id, prediction)
-                )
-                placement = inst.machine.requester.placement(task_id)
-                if placement is None and inst.machine.requester.model_of(task_id) is not None:
-                    placement = await _placed_meanwhile(receive, deadline)
-            if placing.cancelled_caught:  # the drain window ended while it waited for room
-                raise InstanceShuttingDown(
-                    "the coordinator instance shut down before a node was free; retry on "
-                    "another instance"
-                )
+            # A drain's window that ends while this waits in the queue refuses it there
+            # (Admissions.end_waits: instance_shutting_down).
+            await inst.carry_out(
+                inst.machine.submit(assign, deadline, inst.clock(), key_id, prediction)
+            )
+            placement = inst.machine.requester.placement(task_id)
+            if placement is None and inst.machine.requester.model_of(task_id) is not None:
+                placement = await _placed_meanwhile(receive, deadline)
+            if placement is not None and rate is not None and not rate.counted:
+                await self.charge(rate)  # placed without an ask that counted it
         except BaseException as exc:
             inst.waiting.pop(task_id, None)
             outcome = exc.code if isinstance(exc, GemmaNetError) else "client_gone"
             inst.apply(inst.machine.request_ended(task_id, outcome, inst.clock()))
             raise
+        finally:
+            if rate is not None:
+                inst.admissions.rate_charges.pop(task_id, None)
         if placement is None:
             # Every node it was placed on turned out gone before any of them saw it: the
             # request gets that error now, like a placement that found no node at all.
@@ -238,6 +290,7 @@ class TaskRequests:
         options: Options | None = None,
         stream: bool,
         timeout_s: float | None,
+        rate: RateCharge | None = None,
     ) -> AsyncIterator[TaskHandle]:
         """``start`` … ``end`` as a block; leaving it early cancels the task."""
         handle = await self.start(
@@ -248,6 +301,7 @@ class TaskRequests:
             options=options,
             stream=stream,
             timeout_s=timeout_s,
+            rate=rate,
         )
         outcome = "internal_error"
         try:
