@@ -526,26 +526,30 @@ async def test_with_a_real_http_backend_cancel_reaches_the_model_server(
     coordinator: FakeCoordinator, nursery: trio.Nursery, fake_ollama: FakeOllama
 ) -> None:
     backend = OllamaBackend(fake_ollama.url)
-    start_agent(nursery, coordinator.url, backend)
-    conn = await coordinator.next_conn()
-    await conn.send(assign("t1", "hello there"))
-    assert [await conn.recv() for _ in range(3)] == [
-        Chunk(task_id="t1", seq=0, delta="hello "),
-        Chunk(task_id="t1", seq=1, delta="there"),
-        Result(task_id="t1", output="hello there", chunks=2),
-    ]
-    fake_ollama.chunk_delay_s = 0.02
-    await conn.send(assign("t2", "w " * 500))
-    assert (await conn.recv()).seq == 0
-    await conn.send(Cancel(task_id="t2"))
-    with trio.fail_after(5):
-        await fake_ollama.wait_aborted()
-    fake_ollama.fail = "http"
-    await conn.send(assign("t3", "x"))
-    error = await conn.recv()
-    assert (error.task_id, error.code) == ("t3", "backend_error")
-    assert error.message == "ollama: HTTP 500: fake ollama: injected failure"
-    assert conn.pending() == []
+    # The agent runs in a nursery of its own, stopped before its backend is closed: a heartbeat
+    # due meanwhile would otherwise ask the closed client for the resident models.
+    async with trio.open_nursery() as agent_nursery:
+        start_agent(agent_nursery, coordinator.url, backend)
+        conn = await coordinator.next_conn()
+        await conn.send(assign("t1", "hello there"))
+        assert [await conn.recv() for _ in range(3)] == [
+            Chunk(task_id="t1", seq=0, delta="hello "),
+            Chunk(task_id="t1", seq=1, delta="there"),
+            Result(task_id="t1", output="hello there", chunks=2),
+        ]
+        fake_ollama.chunk_delay_s = 0.02
+        await conn.send(assign("t2", "w " * 500))
+        assert (await conn.recv()).seq == 0
+        await conn.send(Cancel(task_id="t2"))
+        with trio.fail_after(5):
+            await fake_ollama.wait_aborted()
+        fake_ollama.fail = "http"
+        await conn.send(assign("t3", "x"))
+        error = await conn.recv()
+        assert (error.task_id, error.code) == ("t3", "backend_error")
+        assert error.message == "ollama: HTTP 500: fake ollama: injected failure"
+        assert conn.pending() == []
+        agent_nursery.cancel_scope.cancel()
     await backend.aclose()
 
 

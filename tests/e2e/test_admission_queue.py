@@ -177,7 +177,7 @@ async def test_past_the_queue_timeout_a_request_gets_503_with_retry_after(
         await trio.sleep(0.3)
         nursery.start_soon(one, b, "waits-on-b")
         nursery.start_soon(one, a, "waits-on-a")
-    assert responses["runs"][0].status_code == 200
+    assert responses["runs"][0].status_code == 200, responses["runs"][0].text
     for prompt in ("waits-on-b", "waits-on-a"):
         response, took = responses[prompt]
         assert response.status_code == 503, response.text
