@@ -16,10 +16,12 @@ pytest_plugins = [
 #: worker) they then start at once and overlap the many short ones instead of running last.
 LONGEST_FIRST = (
     "tests/e2e/test_loadtest_smoke.py",
-    "tests/sim/test_simulator.py::test_a_sweep_of_60_seeds_is_green",
+    "tests/sim/test_simulator.py::test_a_sweep_of_40_seeds_is_green",
     "tests/e2e/test_rolling_restart.py",
     "tests/sim/test_simulator.py::test_a_sweep_with_stretched_heartbeats",
     "tests/e2e/test_audit.py",
+    "tests/e2e/test_system_health_page.py",
+    "tests/e2e/test_host_gate.py",
     "tests/sim/test_simulator.py::test_a_sweep_of_100_seeds_with_monitors",
     "tests/e2e/test_schemathesis.py",
     "tests/coordinator/test_lease_model.py",
