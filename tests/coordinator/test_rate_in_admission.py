@@ -17,7 +17,12 @@ from coordinator.coordination.base import RateDecision
 from coordinator.coordination.keys import rate_limit_key
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.memory.roles import MemoryRateLimits
-from coordinator.errors import NoNodeForModel, RateLimited
+from coordinator.errors import (
+    CoordinationDown,
+    CoordinationUnavailable,
+    NoNodeForModel,
+    RateLimited,
+)
 from coordinator.runtime.instance import Instance
 from coordinator.runtime.requests.rate_limit import RateCharge
 from coordinator.settings import Settings
@@ -124,3 +129,15 @@ async def test_a_request_refused_before_its_ask_is_counted_and_429_first(stand) 
                 rate=charges[LIMIT],
             )  # fmt: skip
         assert await counted(coordination, charges[0]) == 0
+
+
+async def test_a_request_the_store_failed_is_not_counted_again(stand) -> None:  # type: ignore[no-untyped-def]
+    """The admission gave up on a silent store past its outage bound: the refusal stands as
+    it is, with no second rate-limit call (which would wait out the same bound again: a
+    request that came during a long Redis pause was answered after twice the bound)."""
+    instance, coordination = stand
+    with trio.fail_after(30):
+        for error in (CoordinationDown("gone"), CoordinationUnavailable("refused")):
+            answer = await instance.requests.charge_first(RateCharge("k3"), error)
+            assert answer is error
+        assert coordination.rate_limits.calls == 0

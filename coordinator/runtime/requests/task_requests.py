@@ -25,6 +25,8 @@ from coordinator.core.effects import Effect, FailedEvent, MovedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.task_content import check_content_fits
 from coordinator.errors import (
+    CoordinationDown,
+    CoordinationUnavailable,
     GemmaNetError,
     InstanceDraining,
     NodeDisconnected,
@@ -111,6 +113,10 @@ class TaskRequests:
         arrival)."""
         if charge.counted or isinstance(error, InstanceDraining):
             return error  # a draining instance spends no rate limit
+        if isinstance(error, (CoordinationDown, CoordinationUnavailable)):
+            # The store already failed this request past its outage bound: counting it now
+            # would wait out that bound a second time, for the same answer.
+            return error
         try:
             await self.charge(charge)
         except GemmaNetError as first:
