@@ -62,8 +62,7 @@ async def test_admission_and_release_take_the_lean_pipeline(redis_server: RedisS
 async def test_a_killed_connection_fails_its_callers_and_reopens(
     redis_server: RedisServer,
 ) -> None:
-    server = redis_server
-    async with RedisCoordination(server.url, key_prefix="t", op_timeout_s=10) as c:
+    async with RedisCoordination(redis_server.url, key_prefix="t", op_timeout_s=10) as c:
         assert await _incr(c) == 1
         failures: list[BaseException] = []
 
@@ -74,16 +73,16 @@ async def test_a_killed_connection_fails_its_callers_and_reopens(
                 failures.append(exc)
 
         with trio.fail_after(8):
-            assert server.raw_command("CLIENT", "PAUSE", "20000", "WRITE") == b"+OK\r\n"
+            assert redis_server.raw_command("CLIENT", "PAUSE", "20000", "WRITE") == b"+OK\r\n"
             try:
                 async with trio.open_nursery() as nursery:
                     for _ in range(3):
                         nursery.start_soon(waiting)
                     await trio.sleep(0.3)  # the three are sent and held by the pause
-                    killed = server.raw_command("CLIENT", "KILL", "TYPE", "normal")
+                    killed = redis_server.raw_command("CLIENT", "KILL", "TYPE", "normal")
                     assert killed.startswith(b":") and int(killed[1:]) >= 1, killed
             finally:
-                server.raw_command("CLIENT", "UNPAUSE")
+                redis_server.raw_command("CLIENT", "UNPAUSE")
         # Every waiting caller failed, as down (a closed connection), not as slow.
         assert len(failures) == 3
         assert not any(isinstance(exc, CoordinationTimeout) for exc in failures), failures
