@@ -272,6 +272,6 @@ async def test_the_bus_follows_a_moved_slot_by_itself(
             for c in (sender, listener):
                 where = await c.link.master()
                 assert where is not None and where.port == other.port
-            assert sender.pubsub._publisher_at == await sender.link.master()
+            assert sender.link.lean._pipeline_at == await sender.link.master()
         finally:
             await trio.to_thread.run_sync(_move_slot, cluster, slot, other, home)

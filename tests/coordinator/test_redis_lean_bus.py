@@ -84,7 +84,7 @@ async def test_a_burst_arrives_exactly_once_in_order_per_channel(
             assert names == {channel}  # only the addressed channel
             # Exactly once and in the order issued: every number, each once, ascending.
             assert [int(payload.split()[1]) for payload in got] == list(range(expected))
-        publisher = sender.pubsub._publisher
+        publisher = sender.link.lean._pipeline
         assert publisher is not None
         # Pipelined: the burst went out in far fewer writes than commands.
         assert publisher.commands_sent == expected * (len(CHANNELS) + 1) + 1  # + warm-up
@@ -189,5 +189,5 @@ async def test_the_coordination_takes_the_lean_client(redis_server: RedisServer)
     assert isinstance(coord, RedisCoordination)
     async with coord, coord.pubsub.subscribe("inst:bus:A") as inbox:
         assert await coord.pubsub.publish("inst:bus:A", b"x") == 1
-        assert coord.pubsub._publisher is not None
+        assert coord.link.lean._pipeline is not None
         assert isinstance(inbox, LeanSubscription)

@@ -55,8 +55,8 @@ async def _across_a_failover(group: RedisSentinelGroup, fail_over: Callable[[], 
             assert await c.pubsub.publish("ch", b"before") == 1
             with trio.fail_after(5):
                 assert await inbox.__anext__() == b"before"
-            assert c.pubsub._publisher_at is not None
-            assert c.pubsub._publisher_at.port == group.master.port
+            assert c.link.lean._pipeline_at is not None
+            assert c.link.lean._pipeline_at.port == group.master.port
             await trio.to_thread.run_sync(fail_over)
             with (
                 trio.fail_after(FAILOVER_BOUND_S),
@@ -78,8 +78,8 @@ async def _across_a_failover(group: RedisSentinelGroup, fail_over: Callable[[], 
                     pass
                 await trio.sleep(0.1)
         assert group.master_port() == group.replica.port
-        assert c.pubsub._publisher_at is not None
-        assert c.pubsub._publisher_at.port == group.replica.port
+        assert c.link.lean._pipeline_at is not None
+        assert c.link.lean._pipeline_at.port == group.replica.port
         where = await c.link.master()
         assert where is not None and where.port == group.replica.port
 

@@ -1,5 +1,6 @@
 """The ``Leases`` role on Redis: capacity leases and admission queues over the scripts of
-``lease_scripts.py``, one EVALSHA (one round trip) per call.
+``lease_scripts.py``, one EVALSHA (one round trip) per call; the two of every request (the
+admission and the release) on the link's lean pipeline (``lean/lane.py``), the rest on coredis.
 
 This module's part is computing the Redis name of every key a script touches (``keys.py``;
 Lua never builds key names, so the scripts stay correct under any key prefix) and turning the
@@ -142,7 +143,7 @@ class RedisLeases:
         for node_id, conn_id in ask.candidates:
             keys += self._node_keys(node_id)
             args += [node_id, conn_id]
-        reply = await self._link.run_script(self.admit_script, keys, args)
+        reply = await self._link.run_script(self.admit_script, keys, args, lane="lean")
         outcome, node_id, conn_id, lease_id, position, flat, next_in_queue, head = reply
         if _text(outcome) == "rate_limited":
             return Admission("rate_limited", retry_after_s=int(position) / 1_000_000)
@@ -196,7 +197,7 @@ class RedisLeases:
             *(lease_id for _, lease_id in maybe),
             *wake,
         ]
-        reply = await self._link.run_script(RELEASE, keys, args)
+        reply = await self._link.run_script(RELEASE, keys, args, lane="lean")
         return [(_text(reply[k]), _text(reply[k + 1])) for k in range(0, len(reply), 2)]
 
     # -- views ----------------------------------------------------------------------------------

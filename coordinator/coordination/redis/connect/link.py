@@ -16,8 +16,9 @@ reaches Redis through its public part: ``redis_key`` (the key prefix), ``execute
 ``run_script`` (one guarded command or script), ``guarded`` and ``request`` (an operation of
 several steps), ``open_connection`` and ``track`` (connections of their own). So does the
 Streams bus (``bus/streams.py``), with ``dedicated.py`` for its blocking reads, and the pub/sub
-bus (``pubsub.py``), whose own connections go where ``master`` says and report a MOVED to
-``rehome``.
+bus (``pubsub.py``). The link's lean lane (``lean``, ``redis/lean/lane.py``: hiredis, not
+coredis) carries the bus and the scripts of every request (``run_script(..., lane="lean")``);
+its connections go where ``master`` says and report a MOVED to ``rehome``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import ssl
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import trio
 from coredis import BaseConnection, ConnectionPool
@@ -47,7 +48,10 @@ from coordinator.coordination.redis.connect.errors import (
     misuse,
     redact_url,
 )
+from coordinator.coordination.redis.connect.operation import Droppable, Operation
 from coordinator.coordination.redis.connect.sentinel import parse_sentinel_url
+from coordinator.coordination.redis.lean.connection import LeanTarget
+from coordinator.coordination.redis.lean.lane import LeanLane
 from coordinator.coordination.redis.scripts import LuaScript
 from coordinator.errors import CoordinationTimeout, SettingsError
 
@@ -56,21 +60,6 @@ __all__ = ["Droppable", "Operation", "RedisLink"]
 log = logging.getLogger("coordinator.coordination.redis.coordination")
 
 T = TypeVar("T")
-
-
-class Droppable(Protocol):
-    """A connection the guard can drop: a coredis one or a lean one (``redis/lean/``)."""
-
-    def invalidate(self, reason: str) -> None: ...
-
-
-class Operation:
-    """The connection an operation is waiting on, so a timeout can drop exactly that one."""
-
-    __slots__ = ("waiting_on",)
-
-    def __init__(self) -> None:
-        self.waiting_on: Droppable | None = None
 
 
 class _TaskStatusProbe:
@@ -128,6 +117,10 @@ class RedisLink:
         self._pool = ConnectionPool.from_url(url, connect_timeout=op_timeout_s, **tls)
         if password is not None:
             self._pool.connection_kwargs["password"] = password
+        #: the lean pipeline (``redis/lean/lane.py``): the bus's PUBLISH, the hot-path scripts
+        self.lean = LeanLane(
+            self, LeanTarget.from_pool(self._pool, require_master=self.sentinel is not None)
+        )
         self._nursery: trio.Nursery | None = None
         # One multiplexed connection per lane ("main": commands; "presence": beats and reads).
         self._lanes: dict[str, BaseConnection] = {}
@@ -425,7 +418,12 @@ class RedisLink:
     async def run_script(
         self, script: LuaScript, keys: Sequence[str], args: Sequence[Any], *, lane: str = "main"
     ) -> Any:
-        """EVALSHA ``script`` (EVAL when the server forgot it), bounded like ``execute``."""
+        """EVALSHA ``script`` (EVAL when the server forgot it), bounded like ``execute``;
+        ``lane="lean"``: on the lean pipeline (the per-request scripts)."""
+        if lane == "lean":
+            return await self.guarded(
+                script.name, lambda op: self.lean.script(op, script, keys, args)
+            )
 
         async def operation(op: Operation) -> Any:
             try:

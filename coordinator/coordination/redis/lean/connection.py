@@ -3,9 +3,10 @@
 Why: a pub/sub round trip through coredis cost 2.5/6.2 ms p50/p95 where a bare socket round trip
 took 0.3 ms on the same box (docs/benchmarks.md): the client library, not Redis, was the cost of
 the cross-instance hop. PUBLISH and SUBSCRIBE (SPUBLISH and SSUBSCRIBE on a cluster) are the
-only commands on that hop, so only they take this path; everything else stays on coredis. The
-publisher (``publisher.py``) and the subscription (``subscription.py``) build on the
-``LeanConnection`` here.
+only commands on that hop, and the admission and release scripts the only ones of every
+request, so they take this path; everything else stays on coredis. The pipeline
+(``pipeline.py``, held by the link's lean lane, ``lane.py``) and the subscription
+(``subscription.py``) build on the ``LeanConnection`` here.
 
 What stays identical to the link's coredis connections, by construction rather than by copy:
 the URL is parsed by coredis's own pool (host, port or unix socket, db, ACL user, password,
@@ -21,6 +22,7 @@ trip, and pub/sub messages are plain arrays.
 from __future__ import annotations
 
 import ssl
+import time
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -101,6 +103,8 @@ class LeanConnection:
         self._stream = stream
         self._reader = hiredis.Reader()
         self.lost_reason: str | None = None
+        #: perf_counter of the last bytes received (the guard's "still answering" test)
+        self.last_byte_received_at: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -144,6 +148,7 @@ class LeanConnection:
             raise self.lost(exc) from exc
         if not data:
             raise self.lost(None)
+        self.last_byte_received_at = time.perf_counter()
         self._reader.feed(cast(bytes, data))  # SocketStream gives bytes; typed wider
 
     async def read_reply(self) -> Any:

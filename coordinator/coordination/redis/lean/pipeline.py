@@ -1,15 +1,16 @@
-"""PUBLISH on the lean path: one connection, one writer that pipelines, one reply reader.
+"""Pipelined commands on the lean path: one connection, one writer, one reply reader. The link's
+lean lane (``lane.py``) holds one: the bus's PUBLISH and the hot-path scripts go through it.
 
-Every ``publish`` call appends its encoded command to a buffer and parks; the writer sends
-whatever accumulated since its last send in one ``send_all`` (a burst of a thousand publishes
+Every ``request`` call appends its encoded command to a buffer and parks; the writer sends
+whatever accumulated since its last send in one ``send_all`` (a burst of a thousand commands
 goes out in a few writes, not a thousand), and the reader hands each reply to the caller waiting
 first in line (Redis answers in order). A caller is woken directly by the reader with its reply
 (``trio.lowlevel.reschedule``): no event object, no channel, no extra task in between.
 
 A cancelled or timed-out caller leaves its place in line (its reply, when it comes, is
 discarded); the command may still run on the server (at-most-once). When the connection is
-lost, every caller still waiting gets ``ConnectionError``; the backend opens a new publisher on
-the next publish, at the link's master of that moment (``pubsub.RedisPubSub``).
+lost, every caller still waiting gets ``ConnectionError``; the lane opens a new pipeline on
+the next call, at the link's master of that moment.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from coredis.exceptions import RedisError
 
 from coordinator.coordination.redis.lean.connection import LeanConnection, reply_error
 
-__all__ = ["LeanPublisher", "publish_command"]
+__all__ = ["LeanPipeline", "publish_command"]
 
 log = logging.getLogger("coordinator.coordination.redis.coordination")
 
@@ -52,7 +53,7 @@ class _Waiter:
         self.task = task  # None once the caller gave up (cancelled)
 
 
-class LeanPublisher:
+class LeanPipeline:
     """Pipelined requests on one ``LeanConnection``; ``run`` it in the backend's nursery."""
 
     def __init__(self, connection: LeanConnection) -> None:
@@ -67,6 +68,12 @@ class LeanPublisher:
     @property
     def usable(self) -> bool:
         return self.connection.usable
+
+    @property
+    def statistics(self) -> LeanConnection:
+        """Where the guard reads ``last_byte_received_at`` (as of a coredis connection): a
+        timed-out operation drops the pipeline only if no reply came within the timeout."""
+        return self.connection
 
     def invalidate(self, reason: str) -> None:
         self.connection.invalidate(reason)
@@ -99,7 +106,7 @@ class LeanPublisher:
                 await part()
             except (RedisError, OSError) as exc:
                 error.append(exc)
-                log.debug("lean Redis publisher ended: %r", exc)
+                log.debug("lean Redis pipeline ended: %r", exc)
                 scope.cancel()
 
         try:
@@ -108,7 +115,7 @@ class LeanPublisher:
                 task_status.started()
                 await until_lost(self._read, nursery.cancel_scope)
         finally:
-            self.invalidate("publisher stopped")
+            self.invalidate("pipeline stopped")
             self._fail_waiting(error[0] if error else None)
 
     async def _write(self) -> None:
