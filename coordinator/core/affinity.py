@@ -157,7 +157,9 @@ class PrefixPrediction:
 
 def affinity_cost(view: NodeView, held: float, weights: AffinityWeights) -> float:
     """Lower is better: the load the node carries, less the prefix it is predicted to hold."""
-    occupancy = view.in_flight / max(1, view.max_parallel)
+    # A node with no slots at all is as occupied as a full one (never less: with an occupancy
+    # of 0 a predicted prefix could rank it before a free node).
+    occupancy = view.in_flight / view.max_parallel if view.max_parallel > 0 else 1.0
     full = 0.0 if view.has_capacity else 1.0
     return weights.load * (occupancy + full) - weights.prefix * held
 

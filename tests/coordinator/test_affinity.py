@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from coordinator.core.affinity import (
@@ -130,6 +130,9 @@ def _distinct(nodes: list[NodeView]) -> list[NodeView]:
     st.floats(0.0, 10.0),
     st.integers(0, 2**32),
 )
+# Found by hypothesis: a node with no slots (max_parallel 0) counted as unoccupied, so its
+# predicted prefix outweighed a half-busy free node.
+@example([view("n0", 0, 0), view("n1", 1, 2)], {"n0": 1.0}, 1.0, 0.0, 0)
 def test_affinity_never_ranks_a_full_node_before_a_free_one_when_load_weighs_as_much(
     nodes: list[NodeView], held: dict[str, float], prefix: float, extra: float, seed: int
 ) -> None:
