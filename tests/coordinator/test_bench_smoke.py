@@ -24,10 +24,10 @@ def run_bench(module: str, out: Path, *extra: str) -> dict:  # type: ignore[type
     return run_bench_output(module, out, *extra)[0]
 
 
-def run_bench_output(module: str, out: Path, *extra: str) -> tuple[dict, str]:  # type: ignore[type-arg]
-    """The figures the benchmark wrote and what it printed."""
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module args``, which must succeed."""
     proc = subprocess.run(
-        [sys.executable, "-m", module, "--quick", "--json", str(out), *extra],
+        [sys.executable, "-m", module, *args],
         check=False,
         cwd=ROOT,
         capture_output=True,
@@ -35,6 +35,12 @@ def run_bench_output(module: str, out: Path, *extra: str) -> tuple[dict, str]:  
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def run_bench_output(module: str, out: Path, *extra: str) -> tuple[dict, str]:  # type: ignore[type-arg]
+    """The figures the benchmark wrote and what it printed."""
+    proc = run_module(module, "--quick", "--json", str(out), *extra)
     assert "figures measured on " in proc.stdout and " cores, " in proc.stdout
     return json.loads(out.read_text()), proc.stdout
 
@@ -198,14 +204,6 @@ def test_affinity_benchmark(tmp_path: Path) -> None:
 @pytest.mark.redis
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_redis_commands_benchmark() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.redis_commands", "--requests", "5"],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_module("tools.bench.redis_commands", "--requests", "5")
     assert "Redis commands per POST /api/v1/request (5 requests" in proc.stdout, proc.stdout
     assert "scripts (evalsha)" in proc.stdout and "evalsha" in proc.stdout, proc.stdout

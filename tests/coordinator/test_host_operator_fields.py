@@ -10,8 +10,6 @@ id, so the audit finds nothing to warn about (the monitor's poll of it:
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ from coordinator.log_redaction import REDACTOR
 from coordinator.monitor.poller import poll_host
 from protocol import BusResult, TaskErrorCode
 from tests.coordinator.test_host_calls import call, run_call
-from tests.fixtures.processes import ROOT
+from tests.fixtures.cli import run_cli
 from tools.fakes.openai import FakeOpenAI
 
 KEY = "sk-test-0123456789abcdef"
@@ -96,15 +94,7 @@ def test_serve_refuses_a_missing_key_file_in_one_line(tmp_path: Path) -> None:
     operator_file.write_text(host_toml(api_key_file=f'"{missing}"'))
     env = {**os.environ, "GEMMANET_CAPACITY_FILE": str(operator_file)}
     env["GEMMANET_DATABASE_URL"] = f"sqlite:///{tmp_path / 'gn.db'}"
-    done = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--port", "0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("serve", "--port", "0", env=env)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "api_key_file" in lines[0] and str(missing) in lines[0], lines

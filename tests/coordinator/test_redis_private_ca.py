@@ -15,6 +15,7 @@ import trio
 from coordinator.coordination import CoordinationUnavailable, create_coordination
 from coordinator.errors import SettingsError
 from coordinator.settings import Settings
+from tests.fixtures.cli import run_cli
 from tests.fixtures.private_ca import make_ca
 from tests.fixtures.redis_server import RedisServer
 
@@ -106,15 +107,7 @@ def test_serve_refuses_a_server_signed_by_another_ca_in_one_line(
         "GEMMANET_REDIS_CA_FILE": str(stranger.cert),
         "GEMMANET_MULTI_INSTANCE": "1",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--port", "0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = run_cli("serve", "--port", "0", env=env, timeout=30)
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr
     [refusal] = [line for line in done.stderr.splitlines() if line.startswith("gemmanet:")]
