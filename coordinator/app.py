@@ -9,16 +9,16 @@ from quart_schema import QuartSchema
 from quart_trio import QuartTrio
 
 from coordinator import __version__
-from coordinator.api.admin_routes import register_admin_routes
+from coordinator.api.admin.routes import register_admin_routes
 from coordinator.api.errors import install_error_handlers
-from coordinator.api.metrics_http import install_metrics, serve_metrics
+from coordinator.api.health.metrics import install_metrics, serve_metrics
+from coordinator.api.health.routes import register_system_health
 from coordinator.api.node_websocket import ServeNode, serve_node_sockets_first
 from coordinator.api.ollama.routes import register_ollama_routes
 from coordinator.api.openai.routes import register_openai_routes
 from coordinator.api.openapi import StructOpenAPIProvider
 from coordinator.api.routes import register_routes
-from coordinator.api.system_health import register_system_health
-from coordinator.api.usage_routes import register_usage_routes
+from coordinator.api.usage.routes import register_usage_routes
 from coordinator.coordination.bus.memory_hub import MemoryBusHub
 from coordinator.coordination.factory import coordination_for, create_bus
 from coordinator.errors import StartupRefused

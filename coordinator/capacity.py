@@ -15,7 +15,7 @@ catalog that placement charges against each node's memory budget.
     kind = "ollama"          # or "openai" (an OpenAI-compatible server)
     memory_gb = 24           # its memory budget
     max_parallel = 2
-    weight = 1.0             # relative share of placement (core/placement.py: "Weight")
+    weight = 1.0             # relative share of placement (core/placement/choose.py: "Weight")
     telemetry_url = "http://box-c:9105/telemetry"   # as for a node: polled by the monitor
     api_key_file = "/etc/gemmanet/box-c.key"      # read at start, sent as a Bearer token
 

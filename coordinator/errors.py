@@ -224,8 +224,8 @@ class AllNodesBusy(Unavailable):
 
 class ModelNeverFits(Unavailable):
     """Every node serving the model has a memory budget smaller than one request of it needs
-    (``core/fit.py``): refused at once rather than queued. Retry-After is long: only a node
-    with a larger budget, or a changed catalog, makes it placeable."""
+    (``core/placement/fit.py``): refused at once rather than queued. Retry-After is long: only a
+    node with a larger budget, or a changed catalog, makes it placeable."""
 
     code = "model_never_fits"
 
@@ -254,8 +254,8 @@ class CoordinationTimeout(CoordinationUnavailable):
     """The backend did not answer in time: it may be slow rather than down, and the operation
     may still be carried out (a timed-out write can land later). Refused or closed connections
     and error replies are plain ``CoordinationUnavailable``. Callers that can wait (admission,
-    the rate limit) retry these within a bound (``core/admission.py``). ``silent_for_s``: how
-    long the backend had answered no call of this process at all (None: not known)."""
+    the rate limit) retry these within a bound (``core/admission/machine.py``). ``silent_for_s``:
+    how long the backend had answered no call of this process at all (None: not known)."""
 
     def __init__(self, message: str, *, silent_for_s: float | None = None) -> None:
         super().__init__(message)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from coordinator.capacity import Capacity, load_capacity
-from coordinator.core.host_gate import HOST_PLACEMENTS, HostPlacement
+from coordinator.core.hosts.gate import HOST_PLACEMENTS, HostPlacement
 from coordinator.core.liveness import STREAMS_PRESENCE_TTL_S, LivenessTiming
 from coordinator.errors import SettingsError
 from coordinator.settings_values import (
@@ -130,7 +130,7 @@ VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
     ),
     # SIGTERM's drain window (docs/operations.md).
     "drain_s": ("GEMMANET_DRAIN_S", lambda n, v: _number(n, v, minimum=0.0, maximum=MAX_TIMEOUT_S)),
-    # The enablement gate of placement on direct hosts (core/host_gate.py).
+    # The enablement gate of placement on direct hosts (core/hosts/gate.py).
     "host_placement": (
         "GEMMANET_HOST_PLACEMENT",
         lambda n, v: _choice(n, v, HOST_PLACEMENTS),

@@ -5,7 +5,7 @@ election, fenced writes, step-down) on virtual time, each through its own road t
 shared coordination state. The direct hosts they poll are simulated behind an
 ``httpx.MockTransport`` that answers in Ollama's and the OpenAI API's wire format, so the real
 poller parses the answers and the real poll timeout applies. A reader reads the facts and
-judges each host with placement's own rule (``coordinator.core.direct_hosts.host_state``). The pause fault stops one monitor (or all) and resumes it.
+judges each host with placement's own rule (``coordinator.core.hosts.direct_hosts.host_state``). The pause fault stops one monitor (or all) and resumes it.
 
 What the store did with each election and fact write is traced from the store's side, read from
 the state in the same atomic step as the call (nothing can run in between), so the invariants
@@ -27,7 +27,7 @@ from coordinator.capacity import Capacity, HostSpec
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.coordination.memory.coordination import MemoryCoordination, MemoryState
 from coordinator.coordination.monitor_types import MonitorClaim
-from coordinator.core import direct_hosts
+from coordinator.core.hosts import direct_hosts
 from coordinator.hosts.facts_reader import host_read
 from coordinator.monitor.election import Candidacy
 from coordinator.monitor.loop import run_monitor
@@ -264,7 +264,7 @@ class MonitorCast:
                     host: {
                         "epoch": f.epoch,
                         "written_at": round(f.polled_at, 6),
-                        # placement's own rule (coordinator/core/direct_hosts.py): would a
+                        # placement's own rule (coordinator/core/hosts/direct_hosts.py): would a
                         # request be placed on this host now?
                         "fresh": direct_hosts.host_state(
                             host_read(f, read_at), current_epoch=epoch, stale_s=stale_s, now=now

@@ -14,8 +14,9 @@ from unittest import mock
 from coordinator.coordination.memory.leases import LeaseTables
 from coordinator.coordination.memory.monitor import MonitorTables
 from coordinator.coordination.memory.queues import FairQueue, FifoQueue
-from coordinator.core import direct_hosts, owner, task_content
+from coordinator.core import owner, task_content
 from coordinator.core.forwarding import ForwardingTable
+from coordinator.core.hosts import direct_hosts
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.runtime.cluster.membership import Membership
 

@@ -3,7 +3,7 @@ text, and whether ``gemmanet audit --enable`` may turn the switch on (``command.
 
 The switch is turned on only from a report with no reason at all (every gate green: exit 0)
 and an operator file that lists direct hosts; otherwise the refusal names the red gates.
-Turning it off needs no gate. The rule instances follow is ``core/host_gate.py``.
+Turning it off needs no gate. The rule instances follow is ``core/hosts/gate.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from coordinator.audit.nodes import Finding
 from coordinator.coordination.monitor_types import PlacementSwitch
-from coordinator.core.host_gate import hosts_placeable
+from coordinator.core.hosts.gate import hosts_placeable
 from coordinator.errors import SettingsError
 from coordinator.settings import Settings
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.coordination.leases import NodeFacts
-from coordinator.core import fit
+from coordinator.core.placement import fit
 from coordinator.settings import Settings
 
 __all__ = ["ConnectedNode", "Finding", "judge_nodes"]

@@ -18,7 +18,7 @@ reports each host's record with that stamp and its age on the same clock, so rea
 machines never compare clocks.
 
 The placement switch (``hosts:placement``, no expiry): whether instances with the default
-``GEMMANET_HOST_PLACEMENT=gated`` may place on direct hosts (``core/host_gate.py``), who set it
+``GEMMANET_HOST_PLACEMENT=gated`` may place on direct hosts (``core/hosts/gate.py``), who set it
 and when, as ``gemmanet audit --enable`` / ``--disable`` wrote it. A value that does not decode
 as a switch reads as none (off: fail closed).
 """

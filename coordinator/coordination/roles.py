@@ -267,8 +267,8 @@ PREFIX_HOLDERS_KEPT = 4
 
 @runtime_checkable
 class PrefixAffinity(Protocol):
-    """Which nodes served which prefix blocks of a model (``core/affinity.py``): a prediction
-    of their KV caches, shared by every instance, expiring and bounded in size."""
+    """Which nodes served which prefix blocks of a model (``core/placement/affinity.py``): a
+    prediction of their KV caches, shared by every instance, expiring and bounded in size."""
 
     async def prefix_holders(self, model: str, hashes: Sequence[str]) -> list[list[str]]:
         """For each of ``hashes``, in order, the nodes recorded as holding that block of

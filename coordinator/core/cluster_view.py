@@ -4,7 +4,7 @@ instance's own state plus the last snapshots of its live peers. Pure."""
 from __future__ import annotations
 
 from coordinator.core import registry
-from coordinator.core.direct_hosts import DIRECT_OWNER, state_reason
+from coordinator.core.hosts.direct_hosts import DIRECT_OWNER, state_reason
 from coordinator.core.instance_machine import InstanceMachine
 
 

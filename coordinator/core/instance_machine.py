@@ -4,7 +4,7 @@ It joins the ``Requester`` (tasks this instance's clients asked for) and the ``O
 node connections this instance holds). Envelopes one side addresses to this very instance go
 straight to the other side without touching the bus, so a single instance is simply the same
 machine with no peers: a local task is an assign from this requester to this owner.
-A direct model host (``direct_hosts.py``) is a node whose owner is every instance itself: an
+A direct model host (``hosts/direct_hosts.py``) is a node whose owner is every instance itself: an
 assign to it becomes a ``CallHost`` effect, and what the host answers comes back through
 ``host_answer`` as the chunks and result an owner would have sent.
 
@@ -20,13 +20,14 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from coordinator.core import fit, registry
-from coordinator.core.affinity import PrefixPrediction
-from coordinator.core.direct_hosts import DirectHosts
+from coordinator.core import registry
 from coordinator.core.effects import CallHost, Dispatch, Effect, Publish, StopHostCall, WakeQueue
+from coordinator.core.hosts.direct_hosts import DirectHosts
 from coordinator.core.node_table import NodeConnection, view_of
 from coordinator.core.owner import Owner
-from coordinator.core.placement import SAMPLE_ABOVE, Indexable, NodeView, sample_across
+from coordinator.core.placement import fit
+from coordinator.core.placement.affinity import PrefixPrediction
+from coordinator.core.placement.choose import SAMPLE_ABOVE, Indexable, NodeView, sample_across
 from coordinator.core.registry import InstanceSnapshot, NodeEntry, PeerLoad
 from coordinator.core.requests.requester import Requester
 from coordinator.core.tracker import Verdict
@@ -58,7 +59,8 @@ class _RemoteViews:
         for view in views:
             for model in view.models:
                 self.by_model.setdefault(model, []).append(view)
-        #: model -> the largest memory budget among the peers' nodes serving it (core/fit.py)
+        #: model -> the largest memory budget among the peers' nodes serving it
+        #: (core/placement/fit.py)
         self.largest_budget: dict[str, float] = {}
         for snapshot in peers:
             for entry in snapshot.nodes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from coordinator.core.placement import NodeView, Pool
+from coordinator.core.placement.choose import NodeView, Pool
 
 #: ``silent`` looks this much before the earliest verdict it expects
 SCAN_EARLY_S = 1e-6

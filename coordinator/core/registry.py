@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from coordinator.core.placement import NodeView
+from coordinator.core.placement.choose import NodeView
 
 #: an unchanged snapshot is written again this often, to keep its key's TTL ahead
 SNAPSHOT_REWRITE_S = 20.0

@@ -10,5 +10,5 @@
 The wire formats themselves (what Ollama and OpenAI-compatible servers are sent, how their
 streams are read) are sans-IO in protocol/model_servers/, shared with the node agent, which must
 not import the coordinator. Whether a host may be placed on is decided in
-coordinator/core/direct_hosts.py (pure).
+coordinator/core/hosts/direct_hosts.py (pure).
 """

@@ -1,7 +1,7 @@
 """Each instance reads the monitor's host facts for placement, every ``READ_S``.
 
 One read is ``Coordination.host_facts`` and ``monitor_status`` (the current epoch); the pure
-rule in ``core/direct_hosts.py`` decides from them, and from the local time since the read,
+rule in ``core/hosts/direct_hosts.py`` decides from them, and from the local time since the read,
 which hosts are candidates. For every host that is, this instance also writes its *lease
 facts* (``put_node_facts``: the host's parallel and memory budgets from the operator file, its
 loaded models), naming itself as their writer: the lease script trusts facts while their
@@ -14,7 +14,7 @@ once it is older than the staleness window (fail closed).
 
 With ``GEMMANET_HOST_PLACEMENT=gated`` the same read takes the placement switch
 (``host_placement``, set by ``gemmanet audit --enable``/``--disable``), so every instance
-follows it within ``READ_S``; the gate itself is ``core/host_gate.py``.
+follows it within ``READ_S``; the gate itself is ``core/hosts/gate.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from coordinator.capacity import Capacity
 from coordinator.coordination import CoordinationUnavailable, Leases, MonitorStore
 from coordinator.coordination.leases import NodeFacts
 from coordinator.coordination.monitor_types import HostFacts, PlacementSwitch
-from coordinator.core.direct_hosts import (
+from coordinator.core.hosts.direct_hosts import (
     DirectHosts,
     HostRead,
     HostTerms,

@@ -25,8 +25,8 @@ import msgspec
 import trio
 
 from coordinator.capacity import HostSpec
-from coordinator.core.direct_hosts import host_conn_id
 from coordinator.core.effects import CallHost
+from coordinator.core.hosts.direct_hosts import host_conn_id
 from coordinator.core.tracker import MAX_STREAMED_CHARS
 from coordinator.hosts.host_client import stream_call
 from protocol import BusChunk, BusResult, TaskErrorCode, TaskFailure, Timings, stamped

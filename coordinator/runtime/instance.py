@@ -57,9 +57,9 @@ from coordinator.core.effects import (
     TaskEvent,
     WakeQueue,
 )
-from coordinator.core.fit import budget_problem, request_needs
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
+from coordinator.core.placement.fit import budget_problem, request_needs
 from coordinator.errors import (
     StartupRefused,
 )

@@ -14,8 +14,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.app import create_app, run_instance
-from coordinator.core.fit import host_budget_problems, request_needs
 from coordinator.core.liveness import FAILOVER_PROMISE_S, store_outage_problem
+from coordinator.core.placement.fit import host_budget_problems, request_needs
 from coordinator.errors import SettingsError, StartupRefused, StoreError
 from coordinator.monitor.timing import check_monitor_bound
 from coordinator.runtime.instance import Instance

@@ -5,18 +5,14 @@ SQLAlchemy Core on a sync engine (SQLite by default, PostgreSQL by changing the 
 async methods the server calls run in worker threads. Secrets are stored as SHA-256 digests.
 
 store.py       ``Store``: API keys, node tokens, finished tasks and their ratings
-lifecycle.py   listing, revoking, rotating keys and nodes; the change log; the revocation epoch
-auth.py        the authentication cache, emptied within a second of a revocation anywhere
-last_used.py   when each key was last used, noted per request, written in batches
-expiry.py      key lifetimes (``30d``) and whether a node's "online" record is still fresh
+keys/          API keys and node tokens: their secrets, lifecycle, lifetimes, the
+               authentication cache and when each key was last used
 translate.py   driver failures mapped to the store's errors
 engine.py      GEMMANET_DATABASE_URL as a configured engine with the tables in place
 embedded_lock.py  one process per database without Redis: a file lock or an advisory lock
 schema.py      the tables, in SQLAlchemy Core, portable across SQLite and PostgreSQL
 migrations.py  columns added to existing tables after a database was first created
 records.py     the plain records the store hands out and takes in
-tokens.py      generating, hashing and comparing its secrets (API keys, node tokens)
-cache.py       a small bounded TTL cache of positive authentication results
 usage.py       token usage summed from the tasks table, per key and model, over a window
 errors.py      its errors (defined in ``coordinator.errors``: one hierarchy)
 """
@@ -34,7 +30,7 @@ from .errors import (
     TaskNotFound,
     UnknownKey,
 )
-from .expiry import online_on, parse_duration
+from .keys.expiry import online_on, parse_duration
 from .records import ApiKey, KeyInfo, NodeRecord, TaskRecord, UsageRow
 from .store import Store, check_key_name, check_node_id
 from .usage import check_usage_window

@@ -13,7 +13,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from coordinator.url_credentials import hide_credentials
 
 from .errors import StoreError, StoreUnavailable
-from .lifecycle import ensure_epoch_row
+from .keys.lifecycle import ensure_epoch_row
 from .migrations import add_missing_columns
 from .schema import metadata
 

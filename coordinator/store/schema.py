@@ -28,10 +28,10 @@ api_keys = sa.Table(
     sa.Column("priority", sa.Integer, nullable=False, server_default=sa.text("1")),
     sa.Index("ux_api_keys_key_hash", "key_hash", unique=True),
 )
-# Key lifecycle (``lifecycle.py``), added after the first release: NULL means never / none.
+# Key lifecycle (``keys/lifecycle.py``), added after the first release: NULL means never / none.
 api_keys.append_column(sa.Column("expires_at", sa.Float, nullable=True))
 api_keys.append_column(sa.Column("revoked_at", sa.Float, nullable=True))
-# Written in batches off the request path (``last_used.py``): up to a minute behind.
+# Written in batches off the request path (``keys/last_used.py``): up to a minute behind.
 api_keys.append_column(sa.Column("last_used_at", sa.Float, nullable=True))
 api_keys.append_column(sa.Column("rotated_at", sa.Float, nullable=True))
 

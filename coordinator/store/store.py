@@ -19,11 +19,11 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from protocol.constraints import MAX_IDENTIFIER_LENGTH, is_identifier
 
-from . import tokens
-from .auth import AUTH_CACHE_SIZE, AUTH_CACHE_TTL_S, CachedAuth
 from .engine import create_engine, create_tables, is_sqlite_memory, normalize_url, safe_url
 from .errors import AlreadyRated, StoreError, TaskForbidden, TaskNotFound
-from .lifecycle import Lifecycle, log_change
+from .keys import tokens
+from .keys.auth import AUTH_CACHE_SIZE, AUTH_CACHE_TTL_S, CachedAuth
+from .keys.lifecycle import Lifecycle, log_change
 from .records import TASK_STATUSES, ApiKey, TaskRecord, UsageRow, check_priority, task_row
 from .schema import api_keys, node_tokens, ratings, tasks
 from .translate import translate_errors as _translate_errors

@@ -39,7 +39,7 @@ MIN_SECRET_LENGTH = 4
 
 _SECRET_NAMES = r"password|passwd|pwd|secret|token|api_key|apikey"
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    # Our API keys and node tokens (coordinator/store/tokens.py): prefix + token_urlsafe(32).
+    # Our API keys and node tokens (coordinator/store/keys/tokens.py): prefix + token_urlsafe(32).
     (re.compile(r"\b(gnn?_)[A-Za-z0-9_-]{16,}"), r"\g<1>" + MASK),
     # URL credentials; a user name alone (a token as the user) is masked whole.
     (re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@\s:]*):[^/?#@\s]*@"), r"\1\2:" + MASK + "@"),

@@ -4,8 +4,8 @@ protocol without trio, Redis or sockets: the test plays the bus, the nodes and t
 Bus envelopes between instances wait in ``in_flight`` until ``deliver`` (FIFO per sender and
 receiver, like the outbox's ordered lanes) and can be dropped with their instance. The shared
 store's capacity leases are the memory backend's synchronous tables (``LeaseTables``). A
-``Reserve`` is carried out by each instance's ``AdmissionMachine`` (``core/admission.py``, the
-product's policy): the harness plays its shell, asking the tables at once, waking a waiter
+``Reserve`` is carried out by each instance's ``AdmissionMachine`` (``core/admission/machine.py``,
+the product's policy): the harness plays its shell, asking the tables at once, waking a waiter
 whose wait a wake cuts short once the current step is over (as a trio.Event does at the next
 checkpoint), sending wakes to peers on the bus, and firing the machine's timers in time order
 as ``tick`` advances the clock."""
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from coordinator.coordination.leases import AdmissionRules, LeaseAsk, LeaseRelease, NodeFacts
 from coordinator.coordination.memory.leases import LeaseTables
-from coordinator.core.admission import (
+from coordinator.core.admission.machine import (
     AdmissionMachine,
     AskStore,
     Decision,

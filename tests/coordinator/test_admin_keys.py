@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import sqlalchemy as sa
 
-from coordinator.store import Store, tokens
+from coordinator.store import Store
 from coordinator.store.engine import normalize_url
+from coordinator.store.keys import tokens
 from coordinator.store.schema import api_keys
 from tests.fixtures.processes import CLI, ROOT
 

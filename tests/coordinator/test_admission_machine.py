@@ -1,12 +1,12 @@
-"""The admission machine (coordinator/core/admission.py) on its own: events in with plain numbers
-for ``now``, decisions out. No trio, no store: the test plays the store's answers."""
+"""The admission machine (coordinator/core/admission/machine.py) on its own: events in with plain
+numbers for ``now``, decisions out. No trio, no store: the test plays the store's answers."""
 
 from __future__ import annotations
 
 import pytest
 
 from coordinator.coordination.leases import Admission
-from coordinator.core.admission import (
+from coordinator.core.admission.machine import (
     GONE_GIVE_UP_S,
     GONE_RETRY_S,
     POLL_S,
@@ -23,19 +23,19 @@ from coordinator.core.admission import (
     WakePeer,
     step_of,
 )
-from coordinator.core.liveness import (
-    FAILOVER_PROMISE_S,
-    store_outage_bound_s,
-    store_outage_problem,
-)
-from coordinator.core.placement import NodeView
-from coordinator.core.retries import (
+from coordinator.core.admission.retries import (
     RELEASE_GIVE_UP_S,
     STORE_RETRY_FIRST_S,
     STORE_RETRY_MAX_S,
     release_retry_in,
     store_retry_in,
 )
+from coordinator.core.liveness import (
+    FAILOVER_PROMISE_S,
+    store_outage_bound_s,
+    store_outage_problem,
+)
+from coordinator.core.placement.choose import NodeView
 from coordinator.errors import AllNodesBusy, CoordinationDown, NoNodeForModel, TooManyActive
 from coordinator.settings import Settings
 

@@ -1,5 +1,5 @@
-"""Prefix affinity's pure parts (``core/affinity.py``): chained block hashes that name whole
-prefixes, the longest prefix per node, and the ranking that weighs it against load — which
+"""Prefix affinity's pure parts (``core/placement/affinity.py``): chained block hashes that name
+whole prefixes, the longest prefix per node, and the ranking that weighs it against load — which
 never puts a node without a free slot before one with while the load weight is at least the
 prefix weight, and is exactly the load-only ranking when nothing is predicted."""
 
@@ -10,7 +10,7 @@ import random
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from coordinator.core.affinity import (
+from coordinator.core.placement.affinity import (
     BLOCK_CHARS,
     FULL_WEIGHT_BLOCKS,
     MAX_BLOCKS,
@@ -23,7 +23,7 @@ from coordinator.core.affinity import (
     rank_by_affinity,
     worth_a_lookup,
 )
-from coordinator.core.placement import NodeView, rank_candidates
+from coordinator.core.placement.choose import NodeView, rank_candidates
 from protocol import Message
 
 
@@ -183,7 +183,7 @@ def test_among_many_nodes_the_predicted_ones_join_the_sample() -> None:
     """Above SAMPLE_ABOVE nodes a placement ranks a random sample; a node the prediction
     names, local or on a peer, is a candidate whether or not it was drawn."""
     from coordinator.core.instance_machine import InstanceMachine
-    from coordinator.core.placement import SAMPLE_ABOVE
+    from coordinator.core.placement.choose import SAMPLE_ABOVE
     from protocol import Assign
     from tests.coordinator.test_placement_sampling import connection, peer
 

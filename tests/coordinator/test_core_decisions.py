@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.core.placement import NodeView, choose_node
+from coordinator.core.placement.choose import NodeView, choose_node
 from coordinator.core.tracker import TaskTracker, Verdict
 from coordinator.errors import AllNodesBusy, NoNodeForModel
 from protocol import TaskErrorCode

@@ -1,4 +1,4 @@
-"""The placement rule for direct model hosts (``core/direct_hosts.py``), pure: a host is a
+"""The placement rule for direct model hosts (``core/hosts/direct_hosts.py``), pure: a host is a
 candidate only on facts that exist, say it was reachable, carry the current monitor epoch and
 are younger than the staleness window *counting the time since they were read*; it serves
 only the models its facts name. Then the machine: an assign to a host is a ``CallHost``, its
@@ -11,7 +11,6 @@ import random
 import pytest
 
 from coordinator.core import cluster_view
-from coordinator.core.direct_hosts import DirectHosts, HostRead, HostTerms, host_state
 from coordinator.core.effects import (
     CallHost,
     ChunkEvent,
@@ -22,6 +21,7 @@ from coordinator.core.effects import (
     Reserve,
     StopHostCall,
 )
+from coordinator.core.hosts.direct_hosts import DirectHosts, HostRead, HostTerms, host_state
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection
 from coordinator.errors import NoNodeForModel
@@ -120,7 +120,7 @@ def test_the_node_list_says_when_the_gate_keeps_a_fresh_host_unused() -> None:
 
 
 def machine(facts: HostRead | None = None, epoch: int | None = EPOCH) -> InstanceMachine:
-    # The gate open (core/host_gate.py, tested in test_host_gate.py): the facts rule alone.
+    # The gate open (core/hosts/gate.py, tested in test_host_gate.py): the facts rule alone.
     hosts = DirectHosts("A", {"box": HostTerms("ollama", max_parallel=2)}, STALE_S, placement="on")
     if facts is not None:
         hosts.facts_read({"box": facts}, epoch)

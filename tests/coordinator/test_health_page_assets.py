@@ -9,20 +9,20 @@ import re
 import tomllib
 from pathlib import Path
 
-from coordinator.api.system_health import ASSETS, PAGE_PATH, render_page
+from coordinator.api.health.routes import ASSETS, PAGE_PATH, render_page
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE_DIR = ROOT / "coordinator" / "api" / "health_page"
+PAGE_DIR = ROOT / "coordinator" / "api" / "health" / "page"
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"
 
 
 def test_every_file_of_the_page_is_package_data() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = pyproject["tool"]["setuptools"]["package-data"]["coordinator.api"]
+    globs = pyproject["tool"]["setuptools"]["package-data"]["coordinator.api.health"]
     files = sorted(p.name for p in PAGE_DIR.iterdir())
     assert files == sorted([*ASSETS, "index.html"])
     for name in files:
-        assert any(fnmatch.fnmatch(f"health_page/{name}", g) for g in globs), name
+        assert any(fnmatch.fnmatch(f"page/{name}", g) for g in globs), name
 
 
 def test_the_page_refers_only_to_its_own_files() -> None:

@@ -1,4 +1,4 @@
-"""The enablement gate of placement on direct hosts: the pure rule (``core/host_gate.py``), the
+"""The enablement gate of placement on direct hosts: the pure rule (``core/hosts/gate.py``), the
 machine with the gate closed and opened (fresh facts alone place nothing; closing it stops new
 placements and lets the call in flight finish), an instance's facts reader following the
 switch in a real memory store, the refusal of ``on`` without Redis, and the audit's part:
@@ -22,9 +22,9 @@ from coordinator.capacity import parse_capacity
 from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.coordination.monitor_types import HostFacts, MonitorStatus, PlacementSwitch
 from coordinator.core.cluster_view import host_infos
-from coordinator.core.direct_hosts import DirectHosts, HostRead, HostTerms
 from coordinator.core.effects import Deliver, DoneEvent, Reserve, StopHostCall
-from coordinator.core.host_gate import hosts_placeable
+from coordinator.core.hosts.direct_hosts import DirectHosts, HostRead, HostTerms
+from coordinator.core.hosts.gate import hosts_placeable
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.errors import NoNodeForModel, SettingsError
 from coordinator.hosts.facts_reader import HostFactsReader, direct_hosts

@@ -1,5 +1,5 @@
-"""A direct host's ``weight`` skews its share of placement (``core/placement.py``): through the
-cluster machine, as an instance places requests, a host of weight 3 beside one of weight 1
+"""A direct host's ``weight`` skews its share of placement (``core/placement/choose.py``): through
+the cluster machine, as an instance places requests, a host of weight 3 beside one of weight 1
 takes three in four of their placements, whether each request ends before the next (the
 weighted tie-break) or they pile up (load counted per unit of weight). Agent nodes weigh 1:
 their order is what it was before weights (the same draws of the seeded ``Random``).
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import random
 
-from coordinator.core.direct_hosts import DirectHosts, HostRead, HostTerms
 from coordinator.core.effects import CallHost, Reserve
+from coordinator.core.hosts.direct_hosts import DirectHosts, HostRead, HostTerms
 from coordinator.core.instance_machine import InstanceMachine
-from coordinator.core.placement import NodeView, rank_candidates, shuffle_by_weight
+from coordinator.core.placement.choose import NodeView, rank_candidates, shuffle_by_weight
 from protocol import Assign
 
 STALE_S = 15.0
@@ -30,7 +30,7 @@ def machine(seed: int, heavy: float = 3.0, light: float = 1.0) -> InstanceMachin
         "heavy": HostTerms("ollama", max_parallel=8, weight=heavy),
         "light": HostTerms("ollama", max_parallel=8, weight=light),
     }
-    # The gate open (core/host_gate.py): the facts and the weights alone.
+    # The gate open (core/hosts/gate.py): the facts and the weights alone.
     hosts = DirectHosts("A", terms, STALE_S, placement="on")
     fresh = HostRead(reachable=True, epoch=EPOCH, age_s=1.0, read_at=NOW, models=frozenset({"m"}))
     hosts.facts_read({"heavy": fresh, "light": fresh}, EPOCH)

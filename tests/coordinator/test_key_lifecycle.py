@@ -22,11 +22,11 @@ from coordinator.store import (
     Store,
     UnknownKey,
     parse_duration,
-    tokens,
 )
-from coordinator.store.auth import TRUST_S, CachedAuth
 from coordinator.store.engine import normalize_url
-from coordinator.store.last_used import UseRecorder
+from coordinator.store.keys import tokens
+from coordinator.store.keys.auth import TRUST_S, CachedAuth
+from coordinator.store.keys.last_used import UseRecorder
 
 T0 = 1_800_000_000.0
 

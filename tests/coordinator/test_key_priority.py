@@ -16,8 +16,9 @@ from coordinator.coordination.memory.coordination import MemoryCoordination
 from coordinator.errors import SettingsError
 from coordinator.runtime.instance import Instance
 from coordinator.settings import Settings
-from coordinator.store import Store, tokens
+from coordinator.store import Store
 from coordinator.store.engine import normalize_url
+from coordinator.store.keys import tokens
 from coordinator.store.records import check_priority
 from coordinator.store.schema import api_keys
 from sim.stand_ins import SimStore

@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from coordinator.core import fit
-from coordinator.core.direct_hosts import DirectHosts, HostRead, HostTerms
 from coordinator.core.effects import Reserve
+from coordinator.core.hosts.direct_hosts import DirectHosts, HostRead, HostTerms
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection
+from coordinator.core.placement import fit
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.errors import ModelNeverFits, NoNodeForModel
 from protocol import Assign

@@ -113,7 +113,7 @@ async def test_facts_carry_their_age_on_the_store_clock(backend: Backend) -> Non
 
 async def test_the_placement_switch_holds_what_was_set_until_set_again(backend: Backend) -> None:
     c = backend.coord.monitor
-    assert await c.host_placement() is None  # never set: off (core/host_gate.py)
+    assert await c.host_placement() is None  # never set: off (core/hosts/gate.py)
     on = PlacementSwitch(enabled=True, by="alice@ops", at=1_764_000_000.5, epoch=3)
     await c.set_host_placement(on)
     async with backend.open_peer() as peer:  # every instance reads the same switch

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection
-from coordinator.core.placement import SAMPLE_ABOVE, SAMPLE_SIZE, Pool
+from coordinator.core.placement.choose import SAMPLE_ABOVE, SAMPLE_SIZE, Pool
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from protocol import Assign
 

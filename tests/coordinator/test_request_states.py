@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core.effects import Deliver, Dispatch, DoneEvent, Effect, FailedEvent, Reserve
-from coordinator.core.placement import NodeView
+from coordinator.core.placement.choose import NodeView
 from coordinator.core.requests.request_state import (
     PLACED,
     TRANSITIONS,

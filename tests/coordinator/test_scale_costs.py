@@ -31,7 +31,7 @@ from coordinator.coordination.memory.roles import MemoryLeases
 from coordinator.core import cluster_view, registry
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.core.node_table import NodeConnection, NodeTable
-from coordinator.core.placement import NodeView, rank_candidates
+from coordinator.core.placement.choose import NodeView, rank_candidates
 from coordinator.core.registry import InstanceSnapshot, NodeEntry
 from coordinator.runtime.cluster.membership import Membership
 from coordinator.runtime.cluster.ownership import Ownership

@@ -43,20 +43,21 @@ RULES: list[tuple[str | None, str]] = [
     )),
     ("metrics", _any(
         r"\(prometheus_client/", r"\(coordinator/runtime/metrics\.py",
-        r"\(coordinator/api/metrics_http\.py",
+        r"\(coordinator/api/health/metrics\.py",
     )),
     ("task recorder", _any(r"record_task", r"TaskRecorder", r"task_recorder\.py",
                            r"\bTaskHandle\.record\b")),
     ("rate limit", _any(r"rate_limit", r"RateLimit", r"sliding_window")),
     ("admission/lease", _any(
-        r"\(coordinator/runtime/requests/admission\.py", r"\(coordinator/core/admission\.py",
+        r"\(coordinator/runtime/requests/admission\.py",
+        r"\(coordinator/core/admission/machine\.py",
         r"\(coordinator/coordination/(memory/|redis/)?leases\.py",
         r"\(coordinator/coordination/redis/lease_scripts\.py",
         r"\b(admit|release|renew_leases) \(coordinator/coordination/",
     )),
     ("auth (API key)", _any(
         r"\bauthenticate", r"_lookup_api_key", r"verify_node_token",
-        r"\(coordinator/store/(tokens|cache)\.py",
+        r"\(coordinator/store/keys/(tokens|cache)\.py",
     )),
     # The generic layers: a frame here counts for whoever called it (the store and the
     # embedded coordination state are only reached through the purposes above, mostly).

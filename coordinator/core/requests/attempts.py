@@ -18,7 +18,6 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 
-from coordinator.core.affinity import PrefixPrediction
 from coordinator.core.effects import (
     Deliver,
     Dispatch,
@@ -29,7 +28,8 @@ from coordinator.core.effects import (
     ReleaseLease,
     Reserve,
 )
-from coordinator.core.placement import NodeView
+from coordinator.core.placement.affinity import PrefixPrediction
+from coordinator.core.placement.choose import NodeView
 from coordinator.core.requests.candidates import Candidates
 from coordinator.core.requests.request_state import Request, RequestState
 from coordinator.core.task_content import bus_assign_for

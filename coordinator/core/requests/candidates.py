@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Collection, Iterable
 
-from coordinator.core.affinity import PrefixPrediction, rank_by_affinity
-from coordinator.core.placement import SAMPLE_SIZE, NodeView, needs_full_scan
+from coordinator.core.placement.affinity import PrefixPrediction, rank_by_affinity
+from coordinator.core.placement.choose import SAMPLE_SIZE, NodeView, needs_full_scan
 
 #: how many candidates one attempt at a lease tries, best first
 MAX_CANDIDATES = 8
@@ -58,8 +58,8 @@ class Candidates:
         prediction: PrefixPrediction | None = None,
     ) -> list[NodeView]:
         """The first ``MAX_CANDIDATES`` to try for ``model``, best first (by load, or with
-        ``prediction`` by load against predicted prefix, ``core/affinity.py``): from a sample
-        when many nodes serve it and the sample has a free one, else from all of them.
+        ``prediction`` by load against predicted prefix, ``core/placement/affinity.py``): from a
+        sample when many nodes serve it and the sample has a free one, else from all of them.
         Connections in ``full`` come last; those gone (or on instances gone) for this request
         not at all."""
         serving = None

@@ -25,7 +25,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coordinator.core.affinity import PrefixPrediction
+from coordinator.core.placement.affinity import PrefixPrediction
 from protocol import Assign
 
 

@@ -2,10 +2,10 @@
 
 A bus send that times out may still be delivered (the store was slow, not down), so giving up
 at once failed requests with 503 through a Redis pause of a second or two. The send is made
-again after a backoff (``core/retries.py``) while the request still waits for this placement,
-until the store has answered nothing for ``store_outage_s`` or the task's own timeout passed;
-only then is it a failure. Sending twice is safe: the owner ignores an assign it already runs
-(``core/owner.py``, a replayed assign), and the retries stop as soon as the request heard from
+again after a backoff (``core/admission/retries.py``) while the request still waits for this
+placement, until the store has answered nothing for ``store_outage_s`` or the task's own timeout
+passed; only then is it a failure. Sending twice is safe: the owner ignores an assign it already
+runs (``core/owner.py``, a replayed assign), and the retries stop as soon as the request heard from
 the owner or ended."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.coordination.bus.base import Bus
+from coordinator.core.admission.retries import TimeoutRetries
 from coordinator.core.effects import Dispatch, Effect
 from coordinator.core.instance_machine import InstanceMachine
-from coordinator.core.retries import TimeoutRetries
 from coordinator.errors import CoordinationDown, CoordinationTimeout
 from coordinator.runtime.cluster.membership import Membership
 from coordinator.runtime.metrics import Metrics

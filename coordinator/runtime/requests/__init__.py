@@ -1,7 +1,7 @@
 """The request side of an instance: the tasks its clients ask for, from admission to record.
 
 task_requests.py  start, end, rate and record its clients' tasks (``TaskRequests``)
-admission.py      capacity leases and the shared admission queue: the shell of core/admission.py
+admission.py      capacity leases and the shared admission queue: the shell of core/admission/
 rate_limit.py     the per-API-key rate limit, exact across instances
 affinity.py       prefix affinity: the prediction a request is placed with, and its records
 task_handle.py    what a request handler holds while its task runs

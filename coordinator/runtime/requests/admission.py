@@ -4,7 +4,7 @@ The requester machine asks for a lease (``Reserve``) and gives back what a reque
 (``ReleaseLease``); this module carries both out against the shared store
 (the ``Leases`` role's ``admit`` / ``release``, semantics in ``coordination/leases.py``):
 
-* ``reserve`` carries out what the admission machine (``core/admission.py``) decides for the
+* ``reserve`` carries out what the admission machine (``core/admission/machine.py``) decides for the
   request: it asks the store, sleeps until the time the machine names (a wake for the model
   cuts a wait short, ``BusWake`` from a peer or a local release), pokes the local waiters and
   tells the peers it names, and feeds every outcome back in. Whether to queue, poll, look again
@@ -37,7 +37,8 @@ from coordinator.coordination.leases import (
     LeaseRelease,
     RateAsk,
 )
-from coordinator.core.admission import (
+from coordinator.core.admission.decisions import lease_id_of
+from coordinator.core.admission.machine import (
     AdmissionMachine,
     AskStore,
     Decision,
@@ -53,11 +54,10 @@ from coordinator.core.admission import (
     WakePeer,
     step_of,
 )
-from coordinator.core.admission_decisions import lease_id_of
+from coordinator.core.admission.retries import release_retry_in
 from coordinator.core.effects import Effect, ReleaseLease, Reserve
 from coordinator.core.instance_machine import InstanceMachine
-from coordinator.core.placement import NodeView
-from coordinator.core.retries import release_retry_in
+from coordinator.core.placement.choose import NodeView
 from coordinator.errors import CoordinationTimeout, InstanceShuttingDown
 from coordinator.runtime.cluster.bus_outbox import BusOutbox
 from coordinator.runtime.metrics import Metrics, priority_class

@@ -2,8 +2,8 @@
 
 ``predict`` looks up, before a request is placed, which nodes served which of its prefix
 blocks (the ``PrefixAffinity`` role, one round trip) and hands the requester machine the
-prediction it ranks candidates with (``core/affinity.py``); ``placed`` counts whether the node
-the lease went to was one predicted to hold some of it; ``record`` notes, when a task ended
+prediction it ranks candidates with (``core/placement/affinity.py``); ``placed`` counts whether the
+node the lease went to was one predicted to hold some of it; ``record`` notes, when a task ended
 with its answer, that its node holds the conversation, answer included. Records go through a
 bounded channel to ``run``, off the answer's path.
 
@@ -22,7 +22,7 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable
 from coordinator.coordination.roles import PrefixAffinity
-from coordinator.core.affinity import (
+from coordinator.core.placement.affinity import (
     AffinityWeights,
     PrefixPrediction,
     answered_hashes,

@@ -4,7 +4,7 @@ admission script runs too, so a request that asks for a lease is counted in that
 trip: ``RateCharge``).
 
 A check that times out (the store is slow, not known down) is made again after a backoff
-(``core/retries.py``, ``store_retry_in``) until the store has answered nothing for
+(``core/admission/retries.py``, ``store_retry_in``) until the store has answered nothing for
 ``store_outage_s`` (``core/liveness.py``) or the request's ``budget_s`` since its first call
 is spent; only then, or at once when the store refused or closed the connection, the request
 fails closed with ``503 coordination_unavailable``."""
@@ -19,7 +19,7 @@ import trio
 
 from coordinator.coordination import CoordinationUnavailable, RateLimits
 from coordinator.coordination.keys import rate_limit_key
-from coordinator.core.retries import TimeoutRetries
+from coordinator.core.admission.retries import TimeoutRetries
 from coordinator.errors import (
     COORDINATION_DOWN_MESSAGE,
     CoordinationDown,

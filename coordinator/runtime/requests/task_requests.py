@@ -20,9 +20,9 @@ import msgspec
 import trio
 
 from coordinator.coordination import RateLimits
-from coordinator.core.affinity import prefix_text
 from coordinator.core.effects import Effect, FailedEvent, MovedEvent, TaskEvent
 from coordinator.core.instance_machine import InstanceMachine
+from coordinator.core.placement.affinity import prefix_text
 from coordinator.core.task_content import check_content_fits
 from coordinator.errors import (
     CoordinationDown,

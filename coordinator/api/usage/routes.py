@@ -16,7 +16,7 @@ from quart_schema import document_querystring, document_response, security_schem
 
 from coordinator.api.responses import json_response
 from coordinator.api.routes import _BEARER, _errors, authenticate, instance
-from coordinator.api.usage_schemas import ALL_KEYS, UsageQuery, UsageResponse
+from coordinator.api.usage.schemas import ALL_KEYS, UsageQuery, UsageResponse
 from coordinator.errors import Forbidden, InvalidFields
 from coordinator.store import ApiKey, check_usage_window
 

@@ -1,4 +1,4 @@
-"""The errors a request waiting for a lease fails with (``core/admission.py`` decides when):
+"""The errors a request waiting for a lease fails with (``machine.py`` decides when):
 each says what the client can do about it."""
 
 from __future__ import annotations

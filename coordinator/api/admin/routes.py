@@ -10,7 +10,7 @@
 Every change goes to the store's change log as made by ``api:<the admin key's id>``. After a
 change the answering instance reads the revocation epoch before it answers (its cache is
 emptied, its nodes checked at once); the others read it within half a second
-(``store/auth.py``).
+(``store/keys/auth.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from quart import Quart, Response
 from quart_schema import document_request, document_response, security_scheme
 
-from coordinator.api.admin_schemas import (
+from coordinator.api.admin.schemas import (
     AdminKey,
     AdminKeyResponse,
     AdminKeysResponse,

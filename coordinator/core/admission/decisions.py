@@ -1,4 +1,4 @@
-"""What the admission machine (``core/admission.py``) decides: one small frozen class per
+"""What the admission machine (``machine.py``) decides: one small frozen class per
 decision, and ``step_of``, the ticket's next step among them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from coordinator.core.placement import NodeView
+from coordinator.core.placement.choose import NodeView
 from coordinator.errors import GemmaNetError
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The System Health page: ``GET /system-health`` (HTML, its script and stylesheet) and the JSON
 it polls, ``GET /api/v1/cluster``.
 
-No build step and no third-party asset: the files in ``health_page/`` ship with the
+No build step and no third-party asset: the files in ``page/`` ship with the
 package and are served from here, under a Content-Security-Policy that allows this origin only
 (so a CDN script could not load even if one were added by mistake). The page itself needs no
 key; it asks for one and sends it with every poll. Node details, and the queue per model
@@ -20,7 +20,7 @@ from quart import Quart, Response
 from quart_schema import document_response, hide, security_scheme
 
 from coordinator import __version__
-from coordinator.api.health_schemas import (
+from coordinator.api.health.schemas import (
     AffinityInfo,
     ClusterResponse,
     HostPlacementInfo,
@@ -38,7 +38,7 @@ from coordinator.runtime.instance import Instance
 from coordinator.runtime.metrics import PRIORITY_CLASSES
 
 PAGE_PATH = "/system-health"
-# name -> content type; nothing else under health_page/ is served.
+# name -> content type; nothing else under page/ is served.
 ASSETS = {
     "health.js": "text/javascript",
     "health.css": "text/css",
@@ -57,7 +57,7 @@ _PAGE_HEADERS = {
 
 @cache
 def _asset(name: str) -> str:
-    return (resources.files("coordinator.api") / "health_page" / name).read_text("utf-8")
+    return (resources.files("coordinator.api.health") / "page" / name).read_text("utf-8")
 
 
 def render_page(instance_id: str) -> str:

@@ -23,7 +23,7 @@ import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.core.placement import (
+from coordinator.core.placement.choose import (
     NEUTRAL_RATING,
     NodeView,
     rank_candidates,

@@ -1,4 +1,4 @@
-"""The bodies of the admin routes (``admin_routes``): API keys and enrolled nodes as an
+"""The bodies of the admin routes (``routes.py``): API keys and enrolled nodes as an
 operator sees them, never a stored secret (a new one is shown once, in ``secret``)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How long to wait before making a store call again, and when to give up: pure, for the
-admission machine (``core/admission.py``) and the shells that call the store (the release of a
+admission machine (``machine.py``) and the shells that call the store (the release of a
 lease, the rate limit). No clock is read here; callers pass ``now``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The query and the body of ``GET /api/v1/usage`` (``usage_routes``), as msgspec Structs that
+"""The query and the body of ``GET /api/v1/usage`` (``routes.py``), as msgspec Structs that
 also document the route in /openapi.json (``schemas`` explains why response Structs forbid
 unknown fields)."""
 

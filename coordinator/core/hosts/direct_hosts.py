@@ -22,7 +22,7 @@ And it serves a model only when its facts name it: among the models it *has* (Ol
 available but not loaded is a candidate too: Ollama loads it on the first request, as it
 would for a node agent, and its memory is charged by the lease as for any node.
 
-And no host is a candidate while the enablement gate (``host_gate.py``) is closed: with the
+And no host is a candidate while the enablement gate (``gate.py``) is closed: with the
 default ``GEMMANET_HOST_PLACEMENT=gated``, until ``gemmanet audit --enable`` switched it on.
 
 Pure: the shell reads the facts, the epoch and the switch and hands them in with ``now``.
@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from coordinator.core.host_gate import HostPlacement, hosts_placeable
-from coordinator.core.placement import NodeView
+from coordinator.core.hosts.gate import HostPlacement, hosts_placeable
+from coordinator.core.placement.choose import NodeView
 
 __all__ = [
     "DIRECT_OWNER",

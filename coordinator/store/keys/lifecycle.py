@@ -17,11 +17,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from ..errors import KeyRevoked, NodeNotEnrolled, UnknownKey
+from ..records import KeyInfo, NodeRecord
+from ..schema import admin_log, api_keys, node_tokens, revocation_epoch
+from ..translate import translate_errors
 from . import tokens
-from .errors import KeyRevoked, NodeNotEnrolled, UnknownKey
-from .records import KeyInfo, NodeRecord
-from .schema import admin_log, api_keys, node_tokens, revocation_epoch
-from .translate import translate_errors
 
 log = logging.getLogger(__name__)
 

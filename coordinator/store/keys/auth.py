@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from ..errors import StoreError
+from ..records import ApiKey
 from .cache import TtlCache
-from .errors import StoreError
 from .last_used import UseRecorder
-from .records import ApiKey
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ every ``GONE_RETRY_S`` for at most ``GONE_GIVE_UP_S``; after the queue timeout f
 at once (nothing is placed on a guess).
 
 A slow store costs latency, never an error: an ask that timed out is made again after a backoff
-(``core/retries.py``) until the store was silent for ``store_outage_s`` (``core/liveness.py``)
+(``retries.py``) until the store was silent for ``store_outage_s`` (``core/liveness.py``)
 or the queue deadline passed; a refused or closed connection fails at once. Asking again is safe
 (``LeaseAsk.again``); what an unanswered ask may have left is given back at the end (``MayHold``).
 """
@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from coordinator.core.admission_decisions import (
+from coordinator.core.admission.decisions import (
     AskStore,
     Decision,
     Failed,
@@ -64,10 +64,10 @@ from coordinator.core.admission_decisions import (
     WakePeer,
     step_of,
 )
-from coordinator.core.admission_errors import facts_missing, refusal, timed_out
-from coordinator.core.placement import NodeView
+from coordinator.core.admission.errors import facts_missing, refusal, timed_out
+from coordinator.core.admission.retries import store_retry_in
+from coordinator.core.placement.choose import NodeView
 from coordinator.core.requests.attempts import no_node_serves
-from coordinator.core.retries import store_retry_in
 from coordinator.errors import CoordinationDown, GemmaNetError
 
 __all__ = [
