@@ -2,8 +2,8 @@
 
 Pure, in the manner of h11's ``Connection``: events go in with ``now``, decisions come out, and
 nothing here sleeps or reads a clock. Where the request has to wait, the machine says until when
-(``WaitUntil``) and whether a wake may cut the wait short; the shell (``runtime/admission.py``)
-sleeps, asks the store, and feeds what happened back in. The machine test harness drives the
+(``WaitUntil``) and whether a wake may cut the wait short; the shell
+(``runtime/requests/admission.py``) sleeps, asks the store, and feeds what happened back in. The machine test harness drives the
 very same object synchronously.
 
 One ``AdmissionMachine`` per instance holds every request of that instance waiting for a lease,
