@@ -49,13 +49,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     port = check_port("--port", args.port, any_free=True)
     from coordinator.logging_setup import register_startup_secrets
-    from coordinator.server.serve import serve
     from coordinator.settings import Settings
 
+    # The settings are checked before the server's modules load (about half a second of
+    # imports): a bad setting is refused at once.
     settings = Settings.from_env()
     register_startup_secrets(
         database_url=settings.database_url, redis_password_file=settings.redis_password_file
     )
+    from coordinator.server.serve import serve
+
     return serve(settings, host=args.host, port=port)
 
 
