@@ -14,7 +14,9 @@ once it is older than the staleness window (fail closed).
 
 With ``GEMMANET_HOST_PLACEMENT=gated`` the same read takes the placement switch
 (``host_placement``, set by ``gemmanet audit --enable``/``--disable``), so every instance
-follows it within ``READ_S``; the gate itself is ``core/hosts/gate.py``.
+follows it within ``READ_S``; the gate itself is ``core/hosts/gate.py``. A switch that cannot be
+read leaves the last one read in force (the facts, unread too, age out); ``gate()`` says which
+(``gemmanet_host_placement_switch_readable``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from coordinator.core.hosts.direct_hosts import (
     host_conn_id,
     host_state,
 )
+from coordinator.core.hosts.gate import GateView
 from coordinator.settings import Settings
 
 __all__ = ["READ_S", "HostFactsReader"]
@@ -93,6 +96,8 @@ class HostFactsReader:
         self._states: dict[str, str] = {}
         #: the placement switch at the last read (gated only; None: never set)
         self.switch: PlacementSwitch | None = None
+        #: whether the last attempt to read the switch succeeded (gated only)
+        self.switch_readable = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not self._hosts:
@@ -120,6 +125,7 @@ class HostFactsReader:
             epoch = (await self._monitor.monitor_status()).epoch
         except CoordinationUnavailable as exc:
             log.warning("cannot read the direct hosts' facts: %s", exc)
+            self.switch_readable = False  # not even tried: the store did not answer
             return
         reads = {host_id: host_read(facts, read_at) for host_id, facts in found.items()}
         current = epoch or None
@@ -143,9 +149,10 @@ class HostFactsReader:
             switch = await self._monitor.host_placement()
         except CoordinationUnavailable as exc:  # the last read stands; the facts age out
             log.warning("cannot read the placement switch of direct hosts: %s", exc)
+            self.switch_readable = False
             return
         was = self._hosts.placing
-        self.switch = switch
+        self.switch, self.switch_readable = switch, True
         self._hosts.switch_read(switch.enabled if switch is not None else None)
         if self._hosts.placing != was and switch is not None:
             log.info(
@@ -153,6 +160,15 @@ class HostFactsReader:
                 "on" if switch.enabled else "off",
                 switch.by,
             )
+
+    def gate(self) -> GateView | None:
+        """The gate now, for the metrics (None: no ``[hosts]``, nothing to gate)."""
+        if not self._hosts:
+            return None
+        gated = self._hosts.placement == "gated"
+        return GateView(
+            self._hosts.placement, self._hosts.placing, self.switch_readable if gated else None
+        )
 
     def _log_changes(self) -> None:
         now = self._clock()

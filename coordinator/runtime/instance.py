@@ -135,7 +135,15 @@ class Instance:
             needs=self.needs,
         )
         self.recorder = TaskRecorder(store)
-        self.metrics = Metrics(self.diagnostics)
+        self.host_facts = HostFactsReader(
+            self.instance_id,
+            settings.capacity,
+            coordination.monitor,
+            coordination.leases,
+            self.machine.hosts,
+            clock,
+        )
+        self.metrics = Metrics(self.diagnostics, self.host_facts.gate)
         coordination.op_observer = self.metrics.redis_op
         self.outbox = BusOutbox(bus, clock, self.metrics)
         # Each part is handed the roles of the coordination it uses, nothing more.
@@ -174,14 +182,6 @@ class Instance:
         self.drain = Drain(self, settings.drain_s, settle_s=2 * settings.beat_s)
         self.telemetry = NodeTelemetry(
             coordination.telemetry, interval_s=settings.telemetry_interval_s
-        )
-        self.host_facts = HostFactsReader(
-            self.instance_id,
-            settings.capacity,
-            coordination.monitor,
-            coordination.leases,
-            self.machine.hosts,
-            clock,
         )
         self.host_calls = HostCalls(
             settings.capacity.hosts,

@@ -79,6 +79,17 @@ gemmanet_bus_losses_total                   counter    times our inbox was lost
 gemmanet_lost_leases_total                  counter    leases expired before their renewal
 ==========================================  =========  ===========================================
 
+Read at scrape time from the facts reader (``hosts/facts_reader.py``, which reads the switch
+every 0.5 s), only on an instance with ``[hosts]``:
+
+==========================================  =========  ===========================================
+gemmanet_host_placement_open                gauge      mode (GEMMANET_HOST_PLACEMENT): 1 while the
+                                                       gate lets this instance place on direct
+                                                       hosts (those with fresh facts), else 0
+gemmanet_host_placement_switch_readable     gauge      1 if the last read of the shared switch
+                                                       succeeded, else 0; ``gated`` only
+==========================================  =========  ===========================================
+
 prometheus-client's own collectors are registered on the instance's registry too: the
 process's ``process_*`` series (CPU seconds, resident and virtual memory, open and maximum file
 descriptors, start time) and ``python_info``. Instances sharing a process report the same
@@ -101,6 +112,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from coordinator.core.hosts.gate import GateView
 from coordinator.errors import GemmaNetError
 from protocol import Usage
 
@@ -173,6 +185,35 @@ class _DiagnosticsCollector(Collector):
         return iter(())
 
 
+class _HostGateCollector(Collector):
+    """The placement gate of direct hosts, read when Prometheus scrapes. Both families are
+    declared on every instance; they hold a series only where there are hosts to gate."""
+
+    def __init__(self, read: Callable[[], GateView | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        gate = self._read()
+        placing = GaugeMetricFamily(
+            "gemmanet_host_placement_open",
+            "1 while the gate lets this instance place on direct hosts",
+            labels=["mode"],
+        )
+        readable = GaugeMetricFamily(
+            "gemmanet_host_placement_switch_readable",
+            "1 if the last read of the placement switch succeeded",
+        )
+        if gate is not None:
+            placing.add_metric([gate.mode], float(gate.open))
+            if gate.switch_readable is not None:
+                readable.add_metric([], float(gate.switch_readable))
+        yield placing
+        yield readable
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
 def _number(value: object) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 
@@ -202,9 +243,14 @@ class Children:
 
 
 class Metrics:
-    """The metrics of one instance; ``diagnostics`` is read at every scrape."""
+    """The metrics of one instance; ``diagnostics`` and ``host_gate`` are read at every
+    scrape."""
 
-    def __init__(self, diagnostics: Callable[[], Mapping[str, object]]) -> None:
+    def __init__(
+        self,
+        diagnostics: Callable[[], Mapping[str, object]],
+        host_gate: Callable[[], GateView | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self._status_of = _statuses()
@@ -303,6 +349,7 @@ class Metrics:
         self.affinity_placements_of = Children(self.affinity_placements)
         self.queue_wait_by_priority_of = Children(self.queue_wait_by_priority)
         r.register(_DiagnosticsCollector(diagnostics))
+        r.register(_HostGateCollector(host_gate))
         # The process's own series (process_cpu_seconds_total, process_resident_memory_bytes,
         # process_open_fds, …; python_info), read from /proc at scrape time.
         ProcessCollector(registry=r)

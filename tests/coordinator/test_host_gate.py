@@ -1,7 +1,8 @@
 """The enablement gate of placement on direct hosts: the pure rule (``core/hosts/gate.py``), the
 machine with the gate closed and opened (fresh facts alone place nothing; closing it stops new
 placements and lets the call in flight finish), an instance's facts reader following the
-switch in a real memory store, the refusal of ``on`` without Redis, and the audit's part:
+switch in a real memory store and the metrics it feeds (``gemmanet_host_placement_open``,
+``..._switch_readable``), the refusal of ``on`` without Redis, and the audit's part:
 ``--enable`` refused naming the red gates, the report showing who switched and when.
 
 The end-to-end run (real processes, real Redis, two instances, ``gemmanet audit --enable`` and
@@ -13,6 +14,7 @@ import random
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.audit.findings import Observed, judge
 from coordinator.audit.gate import check_by, enable_refusal
@@ -28,6 +30,7 @@ from coordinator.core.hosts.gate import hosts_placeable
 from coordinator.core.instance_machine import InstanceMachine
 from coordinator.errors import NoNodeForModel, SettingsError
 from coordinator.hosts.facts_reader import HostFactsReader, direct_hosts
+from coordinator.runtime.metrics import Metrics
 from coordinator.settings import Settings
 from protocol import Assign, BusResult
 
@@ -127,6 +130,73 @@ async def test_an_instance_follows_the_switch_in_the_store() -> None:
             await reader.read_once()
             assert [v.node_id for v in hosts.views(trio.current_time())] == placed, mode
             assert reader.switch is None
+
+
+def gate_series(metrics: Metrics) -> dict[str, object]:
+    """The gate's series of a scrape: name (with its mode label, if any) -> value."""
+    found: dict[str, object] = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name.startswith("gemmanet_host_placement"):
+                mode = sample.labels.get("mode")
+                found[sample.name + (f"{{{mode}}}" if mode else "")] = sample.value
+    return found
+
+
+async def test_the_gate_metrics_follow_the_mode_and_the_switch_as_read() -> None:
+    settings = Settings(instance_id="A", capacity=parse_capacity(HOST_FILE))
+    async with MemoryCoordination(trio.current_time) as store:
+        # The instance's own client of the shared state: closing it fails its reads only.
+        client = MemoryCoordination(trio.current_time, state=store.state)
+        hosts = direct_hosts(settings)
+        reader = HostFactsReader(
+            "A", settings.capacity, client.monitor, client.leases, hosts, trio.current_time
+        )
+        metrics = Metrics(dict, reader.gate)
+        closed = {"gemmanet_host_placement_open{gated}": 0.0}
+        assert gate_series(metrics) == {**closed, "gemmanet_host_placement_switch_readable": 0.0}
+        await reader.read_once()  # never switched: closed by the switch, read fine
+        readable = {"gemmanet_host_placement_switch_readable": 1.0}
+        assert gate_series(metrics) == {**closed, **readable}
+
+        on = PlacementSwitch(enabled=True, by="alice", at=1.0, epoch=1)
+        await store.monitor.set_host_placement(on)
+        await reader.read_once()
+        assert gate_series(metrics) == {"gemmanet_host_placement_open{gated}": 1.0, **readable}
+
+        # The store away: the last switch read stands (the facts age out), said as unreadable.
+        client.link.closed = True
+        await reader.read_once()
+        assert gate_series(metrics) == {
+            "gemmanet_host_placement_open{gated}": 1.0,
+            "gemmanet_host_placement_switch_readable": 0.0,
+        }
+        client.link.closed = False  # back, like a reconnected Redis client
+        await store.monitor.set_host_placement(PlacementSwitch(enabled=False, by="bob", at=2.0))
+        await reader.read_once()
+        assert gate_series(metrics) == {**closed, **readable}
+
+        # on and off read no switch: no readable series, whatever the switch says.
+        await store.monitor.set_host_placement(on)
+        for mode, value in (("on", 1.0), ("off", 0.0)):
+            hosts = direct_hosts(settings.with_(host_placement=mode))
+            reader = HostFactsReader(
+                "A", settings.capacity, client.monitor, client.leases, hosts, trio.current_time
+            )
+            await reader.read_once()
+            assert gate_series(Metrics(dict, reader.gate)) == {
+                f"gemmanet_host_placement_open{{{mode}}}": value
+            }
+
+    # No [hosts]: nothing to gate, no series (the families are still declared).
+    bare = direct_hosts(Settings(instance_id="A"))
+    async with MemoryCoordination(trio.current_time) as store:
+        reader = HostFactsReader(
+            "A", settings.capacity, store.monitor, store.leases, bare, trio.current_time
+        )
+        text = Metrics(dict, reader.gate).exposition().decode()
+    assert "# TYPE gemmanet_host_placement_open gauge" in text
+    assert gate_series(Metrics(dict, reader.gate)) == {}
 
 
 def test_on_without_redis_is_refused_with_one_line() -> None:

@@ -3,7 +3,8 @@ the default ``GEMMANET_HOST_PLACEMENT=gated`` on a private redis-server, a ``gem
 process, the fake Ollama of tools/fakes listed under ``[hosts]``, and ``gemmanet audit`` run as
 the operator runs it. Fresh facts alone place nothing; ``--enable`` is refused while a gate is
 red and accepted once every gate is green, and both instances follow it; ``--disable`` stops
-new placements on the host on both while the call in flight finishes."""
+new placements on the host on both while the call in flight finishes; each instance's
+``gemmanet_host_placement_open`` says so on ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_direct_hosts import FAST, HOST, FakeHost, host_info, host_state, monitor
 from tests.fixtures.processes import Coordinator, Processes, wait_until
@@ -30,6 +32,22 @@ def placement(coord: Coordinator, operator: str) -> dict[str, Any]:
 
 def placing(*coords: Coordinator, operator: str) -> list[bool]:
     return [placement(coord, operator)["placing"] for coord in coords]
+
+
+def gate_metrics(coord: Coordinator) -> dict[str, float]:
+    """The gate's series on the instance's ``GET /metrics`` (with the mode label if any)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(coord.http.get("/metrics").text):
+        for s in family.samples:
+            if s.name.startswith("gemmanet_host_placement"):
+                found[s.name + "".join(f'{{{k}="{v}"}}' for k, v in s.labels.items())] = s.value
+    return found
+
+
+OPEN, READABLE = (
+    'gemmanet_host_placement_open{mode="gated"}',
+    "gemmanet_host_placement_switch_readable",
+)
 
 
 def test_the_gate_from_off_to_enabled_by_the_audit_and_off_again(
@@ -64,6 +82,7 @@ def test_the_gate_from_off_to_enabled_by_the_audit_and_off_again(
     assert unused.status_code == 503 and unused.json()["error"]["code"] == "no_node_for_model"
     assert placement(b, operator) == {"mode": "gated", "placing": False, "hosts": 1, "switch": None}
     assert host_info(b)["models"] == []  # listed with its facts, serving nothing
+    assert gate_metrics(a) == gate_metrics(b) == {OPEN: 0.0, READABLE: 1.0}
 
     enabled = procs.cli("audit", "--enable", "--by", "alice", "--json")
     assert enabled.returncode == 0 and enabled.stderr == "", enabled
@@ -72,6 +91,7 @@ def test_the_gate_from_off_to_enabled_by_the_audit_and_off_again(
     # Both instances follow within a read (0.5 s).
     wait_until(lambda: placing(a, b, operator=operator) == [True, True], "both placing", 5)
     assert placement(a, operator)["switch"] == switch
+    assert gate_metrics(a) == gate_metrics(b) == {OPEN: 1.0, READABLE: 1.0}
     assert host_info(b)["models"] == ["llama3"]
     for coord in (a, b):
         placed = coord.request(key, model="llama3", prompt="on the host")
@@ -89,6 +109,7 @@ def test_the_gate_from_off_to_enabled_by_the_audit_and_off_again(
     disabled = procs.cli("audit", "--disable", "--by", "bob")
     assert disabled.returncode == 0 and disabled.stdout.startswith("gate     disabled by bob")
     wait_until(lambda: placing(a, b, operator=operator) == [False, False], "both off", 5)
+    assert gate_metrics(a) == gate_metrics(b) == {OPEN: 0.0, READABLE: 1.0}
     for coord in (a, b):
         after = coord.request(key, model="llama3", prompt="no more")
         assert after.status_code == 503, after.text

@@ -19,9 +19,9 @@ cancels them).
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
-__all__ = ["HOST_PLACEMENTS", "HostPlacement", "hosts_placeable"]
+__all__ = ["HOST_PLACEMENTS", "GateView", "HostPlacement", "hosts_placeable"]
 
 HostPlacement = Literal["gated", "on", "off"]
 HOST_PLACEMENTS: tuple[str, ...] = get_args(HostPlacement)
@@ -35,3 +35,13 @@ def hosts_placeable(mode: HostPlacement, switch_on: bool | None) -> bool:
     if mode == "off":
         return False
     return switch_on is True
+
+
+class GateView(NamedTuple):
+    """The gate as one instance sees it, for its metrics (``gemmanet_host_placement_*``)."""
+
+    mode: HostPlacement
+    #: ``hosts_placeable`` now
+    open: bool
+    #: whether the last read of the switch succeeded (None: not ``gated``, the switch unread)
+    switch_readable: bool | None
