@@ -4,7 +4,7 @@ reason on stderr and a non-zero code.
 It is the top of the program (tests/test_layers.py): it wires the commands of sim/ and tools/
 as well as the coordinator's, but imports those packages only inside the functions that parse
 or run one of their commands, and only for the command given, so ``gemmanet serve`` loads
-neither the simulator (nor the pytest that ``trio.testing`` brings) nor the tools, and the
+neither the simulator nor the tools, and the
 coordinator never depends on the packages built on it. The coordinator's own modules are
 imported the same way, so ``gemmanet --help`` and ``--version`` load argparse and nothing of
 the server stack (tests/coordinator/test_cli_help.py)."""

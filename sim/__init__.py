@@ -16,7 +16,8 @@ process on virtual time (trio's MockClock), every choice drawn from one seed.
     cli.py         gemmanet sim run / replay / sweep
     bench.py       simulator speed (python -m sim.bench)
     fairness.py    the fair admission scenario, fair against fifo (python -m sim.fairness)
-    trio_hook.py   the seed pins trio's scheduler (private API: the trio release is checked)
+    trio_hook.py   the seed pins trio's scheduler, and the MockClock without trio.testing's
+                   pytest (private API: the trio release is checked)
 
 The instances are the production ``Instance`` class (the cluster machine and its trio
 driver) over the memory coordination backend; only the edges (sockets, store, clients) are

@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import trio
-import trio.testing
 
 from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
 from coordinator.coordination.memory.coordination import MemoryCoordination, MemoryState
@@ -34,7 +33,7 @@ from sim.actors import InstanceSide, SimNode, SocketPair
 from sim.faults import Gate
 from sim.stand_ins import SimStore
 from sim.trace import Trace
-from sim.trio_hook import pin_trio_scheduler
+from sim.trio_hook import mock_clock, pin_trio_scheduler
 
 __all__ = ["FairnessResult", "run_fairness"]
 
@@ -97,7 +96,7 @@ def run_fairness(
         quiet_every_s,
         quiet_weight,
         burst,
-        clock=trio.testing.MockClock(autojump_threshold=0),
+        clock=mock_clock(),
     )
     return result
 

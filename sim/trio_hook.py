@@ -1,6 +1,7 @@
-"""The one place the simulator writes trio internals: the scheduler's tie-break between tasks
-woken together, pinned to the run's seed, so that a run's interleaving is a function of the
-seed alone (exact replay).
+"""The one place the simulator reaches into trio internals: the scheduler's tie-break between
+tasks woken together, pinned to the run's seed, so that a run's interleaving is a function of
+the seed alone (exact replay); and the virtual clock, trio's MockClock, taken from where
+``trio.testing`` takes it (``mock_clock``).
 
 trio picks the order of such tasks from a private ``random.Random`` (``trio._core._run._r``);
 with its deterministic scheduling switched on (``_ALLOW_DETERMINISTIC_SCHEDULING``, what
@@ -14,9 +15,14 @@ range changes the scheduler.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coordinator.versions import require_release
 
-__all__ = ["SUPPORTED_TRIO", "check_trio_version", "pin_trio_scheduler"]
+if TYPE_CHECKING:
+    from trio.testing import MockClock
+
+__all__ = ["SUPPORTED_TRIO", "check_trio_version", "mock_clock", "pin_trio_scheduler"]
 
 #: the trio releases whose scheduler the hook is written for: (major, minor) from, and below
 SUPPORTED_TRIO = ((0, 27), (0, 36))
@@ -39,3 +45,15 @@ def pin_trio_scheduler(seed: str) -> None:
 
     _run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     _run._r.seed(seed)
+
+
+def mock_clock() -> MockClock:
+    """trio's ``MockClock``, jumping to the next deadline whenever every task is blocked."""
+    check_trio_version()
+    # Not from trio.testing, its public home: that package's __init__ imports pytest (~0.2 s
+    # of every simulator process, for its RaisesGroup helpers). trio.testing re-exports this
+    # very class from trio._core, which defines it in _mock_clock; tests/sim/test_sim_imports.py
+    # fails if that changes.
+    from trio._core._mock_clock import MockClock
+
+    return MockClock(autojump_threshold=0)

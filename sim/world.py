@@ -6,10 +6,9 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
-import trio.testing
 
 from coordinator.capacity import Capacity, ModelCost
 from coordinator.coordination.bus.memory import MemoryBus, MemoryBusHub
@@ -24,11 +23,13 @@ from sim.actors import InstanceSide, SimNode, SocketClosed, SocketPair
 from sim.faults import BusChaos, Fault, FaultPlan, FaultyBus, FaultyCoordination, Gate, StoreState
 from sim.invariants import Invariant, Violation, fresh_invariants
 from sim.lease_observer import LeaseObserver
-from sim.monitors import MonitorCast, draw_monitor_pauses
 from sim.stand_ins import SimStore
 from sim.trace import Trace
 from sim.traffic import Clients
-from sim.trio_hook import pin_trio_scheduler
+from sim.trio_hook import mock_clock, pin_trio_scheduler
+
+if TYPE_CHECKING:
+    from sim.monitors import MonitorCast
 
 #: the model catalog of every simulated instance: sizes that make the memory budgets of
 #: 8 and 12 GB nodes bind (two m2 tasks do not fit in 8 GB)
@@ -120,7 +121,7 @@ class World:
         started = time.perf_counter()
         pin_trio_scheduler(f"{self.seed}:trio")  # exact replay: sim/trio_hook.py
         with mutations.applied(self.config.mutation):
-            trio.run(self._main, clock=trio.testing.MockClock(autojump_threshold=0))
+            trio.run(self._main, clock=mock_clock())
         result = SimResult(
             seed=self.seed,
             digest=self.trace.digest,
@@ -162,6 +163,10 @@ class World:
             walk_away_chance=lambda: self.plan.client_disconnect,
         )
         if self.config.monitors:
+            # Imported here: the monitors' pollers bring httpx (~0.15 s), which a run without
+            # monitors never uses.
+            from sim.monitors import MonitorCast, draw_monitor_pauses
+
             # A stream of its own: the rest of the plan is the same with or without monitors.
             self.monitors = MonitorCast(
                 self.seed, self.config.monitors, self.trace, self.state, self.store_state

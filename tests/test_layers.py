@@ -212,8 +212,8 @@ print(json.dumps(sorted(sys.modules)))
 
 
 def test_gemmanet_serve_loads_neither_the_simulator_nor_the_tools() -> None:
-    # What parsing `gemmanet serve` imports, in a fresh interpreter: the simulator would bring
-    # trio.testing and with it pytest into every coordinator process.
+    # What parsing `gemmanet serve` imports, in a fresh interpreter: nothing of the simulator
+    # or the tools (and no pytest, which trio.testing would bring), none of which it runs.
     done = subprocess.run(
         [sys.executable, "-c", _PROBE],
         cwd=ROOT,

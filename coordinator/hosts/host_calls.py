@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AsyncExitStack, aclosing
+from typing import TYPE_CHECKING
 
-import httpx
 import msgspec
 import trio
 
@@ -28,9 +28,11 @@ from coordinator.capacity import HostSpec
 from coordinator.core.effects import CallHost
 from coordinator.core.hosts.direct_hosts import host_conn_id
 from coordinator.core.tracker import MAX_STREAMED_CHARS
-from coordinator.hosts.host_client import stream_call
 from protocol import BusChunk, BusResult, TaskErrorCode, TaskFailure, Timings, stamped
 from protocol.model_servers import Finish, Generation, HostError, ollama_call, openai_call
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["HostCalls"]
 
@@ -64,13 +66,16 @@ class HostCalls:
         return len(self._scopes)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # No read timeout: the task's deadline bounds a call (a model may think a long time
-        # before its first token).
-        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         async with AsyncExitStack() as stack:
             # No direct host, no client: building one loads the TLS trust store (~60 ms a
-            # time, which the simulator pays at every instance start).
+            # time, which the simulator pays at every instance start), and importing httpx
+            # (~0.15 s with the command line it brings) waits for the first instance with hosts.
             if self._hosts:
+                import httpx
+
+                # No read timeout: the task's deadline bounds a call (a model may think a long
+                # time before its first token).
+                timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
                 self._client = await stack.enter_async_context(
                     httpx.AsyncClient(timeout=timeout, transport=self._transport)
                 )
@@ -162,6 +167,8 @@ class HostCalls:
         )
 
     def _generate(self, effect: CallHost) -> AsyncGenerator[str | Finish, None]:
+        from coordinator.hosts.host_client import stream_call  # httpx's side, loaded by run()
+
         assert self._client is not None
         spec = self._hosts[effect.host_id]
         call = ollama_call if spec.kind == "ollama" else openai_call

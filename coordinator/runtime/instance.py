@@ -33,6 +33,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -86,7 +87,6 @@ from coordinator.runtime.requests.affinity import Affinity
 from coordinator.runtime.requests.task_recorder import TaskRecorder
 from coordinator.runtime.requests.task_requests import TaskRequests
 from coordinator.settings import Settings
-from coordinator.store import Store
 from protocol import (
     Assign,
     Error,
@@ -95,6 +95,9 @@ from protocol import (
     ProtocolError,
     decode_bus,
 )
+
+if TYPE_CHECKING:
+    from coordinator.store import Store  # only the type: no SQLAlchemy for the simulator
 
 log = logging.getLogger("gemmanet.instance")
 

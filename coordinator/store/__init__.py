@@ -19,7 +19,9 @@ errors.py      its errors (defined in ``coordinator.errors``: one hierarchy)
 
 from __future__ import annotations
 
-from .engine import normalize_url
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from .errors import (
     AlreadyRated,
     KeyRevoked,
@@ -32,8 +34,22 @@ from .errors import (
 )
 from .keys.expiry import online_on, parse_duration
 from .records import ApiKey, KeyInfo, NodeRecord, TaskRecord, UsageRow
-from .store import Store, check_key_name, check_node_id
-from .usage import check_usage_window
+
+if TYPE_CHECKING:
+    from .engine import normalize_url
+    from .store import Store, check_key_name, check_node_id
+    from .usage import check_usage_window
+
+#: the names whose modules import SQLAlchemy (~0.15-0.25 s), loaded when first asked for: the
+#: records and errors are plain, and a process that only passes them around (the simulator,
+#: whose instances record tasks into an in-memory stand-in) need not load the engine
+_LAZY = {
+    "normalize_url": ".engine",
+    "Store": ".store",
+    "check_key_name": ".store",
+    "check_node_id": ".store",
+    "check_usage_window": ".usage",
+}
 
 __all__ = [
     "AlreadyRated",
@@ -57,3 +73,12 @@ __all__ = [
     "online_on",
     "parse_duration",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # asked once: later lookups are plain attribute reads
+    return value

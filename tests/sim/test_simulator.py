@@ -1,19 +1,32 @@
-"""The simulator: deterministic, able to fail, and green over a sweep of seeds."""
+"""The simulator: deterministic, able to fail, and green over a sweep of seeds.
+
+Each verb of ``gemmanet sim`` runs as a real command at least once (its exit code and output);
+tests that only check a run's results call the command's entry function in this process
+(``sim_here``), which spares a second interpreter's start-up, about as much CPU as a seed."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sim.cli import add_sim_arguments
+from sim.cli import main as sim_main
 from tests.fixtures.processes import ROOT
 
 SIM = [sys.executable, "-m", "coordinator.cli", "sim"]
+#: a hash seed for the commands that is not this process's (whose runs it is compared with)
+OTHER_HASH_SEED = "4242" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
 
 
 def sim(*args: str, hash_seed: str = "0", cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -29,22 +42,48 @@ def sim(*args: str, hash_seed: str = "0", cwd: Path = ROOT) -> subprocess.Comple
     )
 
 
-def run_json(seed: int, hash_seed: str) -> dict[str, object]:
-    done = sim("run", "--seed", str(seed), "--json", hash_seed=hash_seed)
+def sim_here(*args: str) -> tuple[int, str]:
+    """``gemmanet sim ARGS`` run by its entry function in this process: (exit code, stdout)."""
+    parser = argparse.ArgumentParser(prog="gemmanet sim")
+    add_sim_arguments(parser)
+    out = io.StringIO()
+    silenced = logging.root.manager.disable
+    try:
+        with contextlib.redirect_stdout(out):
+            code = sim_main(parser.parse_args(args))
+    finally:
+        logging.disable(silenced)  # a run silences logging; the rest of the tests want it back
+    return code, out.getvalue()
+
+
+def last_json(stdout: str) -> dict[str, Any]:
+    return json.loads(stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def run_json(seed: int, hash_seed: str, *flags: str) -> dict[str, Any]:
+    """``sim run --json`` as a command of its own, with ``PYTHONHASHSEED=hash_seed``."""
+    done = sim("run", "--seed", str(seed), "--json", *flags, hash_seed=hash_seed)
     assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return last_json(done.stdout)
+
+
+def run_json_here(seed: int, *flags: str) -> dict[str, Any]:
+    """``sim run --json`` in this process (with pytest's hash seed: not ``OTHER_HASH_SEED``)."""
+    code, out = sim_here("run", "--seed", str(seed), "--json", *flags)
+    assert code == 0, out
+    return last_json(out)
 
 
 def test_same_seed_same_digest_in_any_process_whatever_the_hash_seed() -> None:
-    first, second = run_json(7, "1"), run_json(7, "4242")
+    first, second = run_json(7, OTHER_HASH_SEED), run_json_here(7)
     assert first["digest"] == second["digest"]
-    assert first["events"] == second["events"] and first["events"] > 500  # type: ignore[operator]
+    assert first["events"] == second["events"] and first["events"] > 500
     for key in ("seed", "digest", "ok", "virtual_seconds", "events"):
         assert key in first
 
 
 def test_different_seeds_give_different_traces() -> None:
-    digests = {run_json(seed, "0")["digest"] for seed in (1, 2, 3)}
+    digests = {run_json_here(seed)["digest"] for seed in (1, 2, 3)}
     assert len(digests) == 3
 
 
@@ -68,8 +107,10 @@ def test_broken_variants_are_caught_and_replay_the_same_way(
         "sweep",
         "--seeds",
         seeds,
+        # One process: the suite keeps the cores busy, and a second one would run seeds
+        # past the first failure (measured: a fifth more CPU over the 12 variants).
         "--jobs",
-        "2",
+        "1",
         "--bus",
         bus,
         "--mutation",
@@ -82,9 +123,9 @@ def test_broken_variants_are_caught_and_replay_the_same_way(
     assert f": {invariant} at t=" in done.stdout and ": 1 failing;" in done.stdout
     traces = sorted(tmp_path.glob("seed-*.jsonl"))
     assert traces, done.stdout
-    replay = sim("replay", str(traces[0]), "--json")
-    assert replay.returncode == 1, replay.stdout + replay.stderr
-    replayed = json.loads(replay.stdout.strip().splitlines()[-1])
+    code, out = sim_here("replay", str(traces[0]), "--json")  # as a command: the monitor variants
+    assert code == 1, out
+    replayed = last_json(out)
     header = json.loads(traces[0].read_text().splitlines()[0])
     assert replayed["reproduced"] is True
     assert header["config"]["bus"] == bus  # replay takes the bus from the trace header
@@ -121,15 +162,11 @@ def test_a_sweep_with_stretched_heartbeats_is_green(tmp_path, seeds: str) -> Non
 
 
 def test_same_seed_same_digest_on_the_streams_bus_and_not_the_pubsub_one() -> None:
-    def streams(hash_seed: str) -> dict[str, object]:
-        done = sim("run", "--seed", "7", "--json", "--bus", "streams", hash_seed=hash_seed)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-    first, second = streams("1"), streams("4242")
+    first = run_json(7, OTHER_HASH_SEED, "--bus", "streams")
+    second = run_json_here(7, "--bus", "streams")
     assert first["digest"] == second["digest"]
     # The bus is part of the run: the same seed on the other bus is another trace.
-    assert first["digest"] != run_json(7, "1")["digest"]
+    assert first["digest"] != run_json_here(7)["digest"]
 
 
 @pytest.mark.parametrize("seed", [35, 82, 173])
@@ -138,7 +175,7 @@ def test_regression_seeds(seed: int) -> None:
     still count as ended (the invariant lost the task id). 82: a replace envelope lost on the
     bus left a node identity live on two instances for 5 s, until the ownership refresh; the
     owner keys are now checked every beat."""
-    assert run_json(seed, "0")["ok"] is True
+    assert run_json_here(seed)["ok"] is True
 
 
 # Monitor runs: three candidates and three simulated direct hosts beside a small cluster (one
@@ -150,14 +187,9 @@ MONITORS += ["--traffic-s", "12"]
 
 
 def test_a_monitor_run_is_deterministic_whatever_the_hash_seed() -> None:
-    def digest(hash_seed: str) -> dict[str, object]:
-        done = sim("run", "--seed", "5", "--json", *MONITORS, hash_seed=hash_seed)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-    first, second = digest("1"), digest("4242")
+    first, second = run_json(5, OTHER_HASH_SEED, *MONITORS), run_json_here(5, *MONITORS)
     assert first["digest"] == second["digest"]
-    assert first["monitor"]["elections"] >= 1  # type: ignore[index]
+    assert first["monitor"]["elections"] >= 1
 
 
 def test_a_sweep_of_100_seeds_with_monitors_is_green_and_fences_off_deposed_monitors(
@@ -187,15 +219,15 @@ def test_broken_monitor_variants_are_caught_and_replay_the_same_way(
     tmp_path, mutation: str, invariant: str
 ) -> None:
     done = sim(
-        "sweep", "--seeds", "1-12", "--jobs", "2", *MONITORS, "--mutation", mutation,
+        "sweep", "--seeds", "1-12", "--jobs", "1", *MONITORS, "--mutation", mutation,
         "--first-failure", "--trace-dir", str(tmp_path),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert f": {invariant} at t=" in done.stdout and ": 1 failing;" in done.stdout
     traces = sorted(tmp_path.glob("seed-*.jsonl"))
     assert traces, done.stdout
-    replay = sim("replay", str(traces[0]), "--json")
+    replay = sim("replay", str(traces[0]), "--json")  # the replay command, end to end
     assert replay.returncode == 1, replay.stdout + replay.stderr
-    replayed = json.loads(replay.stdout.strip().splitlines()[-1])
+    replayed = last_json(replay.stdout)
     assert replayed["reproduced"] is True
     assert replayed["violation"]["invariant"] == invariant

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -19,7 +19,11 @@ from coordinator.core.node_table import NodeConnection, NodeTable
 from coordinator.runtime.cluster.membership import Membership
 from coordinator.runtime.cluster.ownership import Ownership
 from coordinator.settings import Settings
-from coordinator.store import Store
+
+if TYPE_CHECKING:
+    # Only the type: the instance brings its store, and the simulator's instances a stand-in,
+    # so a simulator process need not load SQLAlchemy.
+    from coordinator.store import Store
 
 log = logging.getLogger("gemmanet.supervision")
 

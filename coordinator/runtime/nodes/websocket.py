@@ -7,7 +7,7 @@ websocket object in production and an in-memory pair in tests and the simulator.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -18,7 +18,6 @@ from coordinator.runtime.log_context import bind_log_ids
 from coordinator.runtime.metrics import Metrics
 from coordinator.runtime.nodes.link import NodeLink
 from coordinator.settings import Settings
-from coordinator.store import Store
 from protocol import (
     CloseCode,
     Hello,
@@ -26,6 +25,11 @@ from protocol import (
     ProtocolError,
     Welcome,
 )
+
+if TYPE_CHECKING:
+    # Only the type (the instance's store is passed in): importing the runtime need not load
+    # SQLAlchemy, which a simulator process never uses.
+    from coordinator.store import Store
 
 log = logging.getLogger("gemmanet.node_socket")
 

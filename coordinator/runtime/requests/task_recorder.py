@@ -14,10 +14,16 @@ instance loses at most that half second of records (a graceful stop writes them 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 
-from coordinator.store import Store, TaskNotFound, TaskRecord
+from coordinator.store import TaskNotFound, TaskRecord
+
+if TYPE_CHECKING:
+    # Only the type (the instance's store is passed in): importing the runtime need not load
+    # SQLAlchemy, which a simulator process never uses.
+    from coordinator.store import Store
 
 log = logging.getLogger("gemmanet.recorder")
 

@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import trio
@@ -43,8 +43,12 @@ from coordinator.runtime.requests.rate_limit import RateCharge, check_rate_limit
 from coordinator.runtime.requests.task_handle import TaskHandle, queued_failure
 from coordinator.runtime.requests.task_recorder import TaskRecorder
 from coordinator.settings import Settings
-from coordinator.store import Store
 from protocol import Assign, Message, Options
+
+if TYPE_CHECKING:
+    # Only the type (the instance's store is passed in): importing the runtime need not load
+    # SQLAlchemy, which a simulator process never uses.
+    from coordinator.store import Store
 
 __all__ = ["RequestHost", "TaskRequests"]
 
