@@ -30,6 +30,7 @@ from protocol.log_lines import (
     iso_utc,
     json_logging_active,
     parse_log_format,
+    quiet_chatty_loggers,
     register_secret,
     root_handler,
 )
@@ -60,7 +61,8 @@ def configure_logging(
     *, verbose: bool = False, log_format: str = "text", stream: TextIO | None = None
 ) -> None:
     """Install the root handler on ``stream`` (default stderr): ``log_format`` (see
-    ``log_format_from_env``), DEBUG with ``verbose`` else INFO, secrets masked. Calling it again
+    ``log_format_from_env``), DEBUG with ``verbose`` else INFO (httpx's per-request lines only
+    with ``verbose``), secrets masked. Calling it again
     replaces its handler (and leaves handlers others installed, such as pytest's, alone)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
@@ -68,6 +70,7 @@ def configure_logging(
             root.removeHandler(handler)
     root.addHandler(root_handler(stream or sys.stderr, log_format))
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    quiet_chatty_loggers(verbose=verbose)
     if log_format == "json":
         logging.captureWarnings(True)
         sys.excepthook = _log_uncaught

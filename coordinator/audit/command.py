@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
-import logging
 import re
 import socket
 import time
@@ -97,9 +96,6 @@ def run_audit_command(
     by = check_by(by) if by is not None else default_by()
     if switch == "disable":
         return _disable(settings, by, as_json)
-    if logging.getLogger().level > logging.DEBUG:
-        # httpx logs every --probe request at INFO; the report already says how each went.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
     observed = trio.run(partial(observe, settings, probe=probe))
     report = judge(settings, observed)
     refusal, code = None, report.exit_code

@@ -8,10 +8,12 @@ the callers install the handler (``coordinator/logging_setup.py``, ``tools/node_
 
     ids.py        the ids of a log line (instance, task, node, request), in context variables
     redaction.py  the filter that masks secrets in every log line
-    formats.py    text or one JSON object per line (GEMMANET_LOG_FORMAT), the root handler
+    formats.py    text or one JSON object per line (GEMMANET_LOG_FORMAT), the root handler,
+                  the HTTP client libraries kept to warnings
 """
 
 from protocol.log_lines.formats import (
+    CHATTY_LOGGERS,
     LOG_FORMAT_VARIABLE,
     LOG_FORMATS,
     TEXT_FORMAT,
@@ -20,6 +22,7 @@ from protocol.log_lines.formats import (
     iso_utc,
     json_logging_active,
     parse_log_format,
+    quiet_chatty_loggers,
     root_handler,
 )
 from protocol.log_lines.ids import LOG_IDS, bind_log_ids, current_log_ids
@@ -33,6 +36,7 @@ from protocol.log_lines.redaction import (
 )
 
 __all__ = [
+    "CHATTY_LOGGERS",
     "LOG_FORMATS",
     "LOG_FORMAT_VARIABLE",
     "LOG_IDS",
@@ -49,6 +53,7 @@ __all__ = [
     "iso_utc",
     "json_logging_active",
     "parse_log_format",
+    "quiet_chatty_loggers",
     "register_secret",
     "root_handler",
 ]

@@ -111,3 +111,16 @@ def json_logging_active() -> bool:
         is_root_handler(h) and isinstance(h.formatter, JsonFormatter)
         for h in logging.getLogger().handlers
     )
+
+
+#: Libraries that log every HTTP request they make at INFO (httpx: ``HTTP Request: GET …``).
+#: A monitor polls each host every 2 s and an agent checks its backend every 5 s, so at INFO
+#: they would write a line per poll and bury the one line per outage our own loggers write.
+CHATTY_LOGGERS = ("httpx", "httpcore", "hpack")
+
+
+def quiet_chatty_loggers(*, verbose: bool) -> None:
+    """Keep the CHATTY_LOGGERS to warnings, unless ``verbose`` (``-v``): then they follow the
+    root logger again, requests included."""
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)

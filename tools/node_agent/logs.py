@@ -17,7 +17,12 @@ import sys
 import threading
 from types import TracebackType
 
-from protocol.log_lines import LOG_FORMAT_VARIABLE, parse_log_format, root_handler
+from protocol.log_lines import (
+    LOG_FORMAT_VARIABLE,
+    parse_log_format,
+    quiet_chatty_loggers,
+    root_handler,
+)
 from tools.node_agent.settings import UsageError
 
 __all__ = ["configure_logging_once"]
@@ -35,6 +40,7 @@ def configure_logging_once() -> None:
         raise UsageError(str(exc)) from None
     root.addHandler(root_handler(sys.stderr, log_format))
     root.setLevel(logging.INFO)
+    quiet_chatty_loggers(verbose=False)
     if log_format == "json":
         logging.captureWarnings(True)
         sys.excepthook = _log_uncaught
