@@ -3,25 +3,22 @@ stage, elapsed time, requests, errors), with the libraries' per-request log line
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import time
 
 import trio
 
+from protocol.log_lines import quiet_chatty_loggers
 from tools.loadtest.load import Load
 
-#: Libraries whose per-request INFO lines (httpx: one per request, ~20,000 for --quick) would
-#: bury the load test's own progress.
-QUIET_LOGGERS = ("httpx", "httpcore", "hpack")
 _LIVE = sys.stderr.isatty()
 
 
 def quiet_libraries() -> None:
-    """Keep the libraries' per-request INFO lines out of the load test's output."""
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    """Keep the libraries' per-request INFO lines (httpx: one per request, ~20,000 for
+    --quick) out of the load test's output, even with -v: they would bury its progress."""
+    quiet_chatty_loggers(verbose=False)
 
 
 def say(text: str) -> None:
