@@ -89,7 +89,7 @@ MEANINGS: dict[str, str] = {
     "(`503 all_nodes_busy`)",
     "queue_policy": "the order of a model's shared admission queue. `fair`: API keys take turns "
     "(weighted round robin by deficit counters, a key's weight its priority: `gemmanet keys "
-    "create --priority N` or `[keys.\"name\"] priority` in the operator file), each key's own "
+    'create --priority N` or `[keys."name"] priority` in the operator file), each key\'s own '
     "requests first come first served; `fifo`: first come, first served across all keys. Every "
     "instance sharing a Redis must use the same; anything else is refused with one line, exit "
     "2. See [fair queuing](fair-queuing.md)",

@@ -273,7 +273,7 @@ class SimNode:
             twin.node_close()
 
 
-def _first_code(group: BaseExceptionGroup) -> int:  # type: ignore[type-arg]
+def _first_code(group: BaseExceptionGroup[BaseException]) -> int:
     for exc in group.exceptions:
         if isinstance(exc, SocketClosed):
             return exc.code

@@ -280,9 +280,9 @@ def _sweep(args: argparse.Namespace) -> int:
                 if args.first_failure:
                     pool.shutdown(wait=True, cancel_futures=True)
                     break
-    count = f"{swept} of {len(seeds)}" if swept < len(seeds) else f"{len(seeds)}"
+    swept_text = f"{swept} of {len(seeds)}" if swept < len(seeds) else f"{len(seeds)}"
     print(
-        f"swept {count} seeds ({seeds.start}-{seeds.stop - 1}"
+        f"swept {swept_text} seeds ({seeds.start}-{seeds.stop - 1}"
         f", bus {config.bus}"
         f"{', queue ' + config.queue_policy if config.queue_policy != 'fair' else ''}"
         f"{', mutation ' + config.mutation if config.mutation else ''}"

@@ -64,7 +64,7 @@ class OwnAnswerFromAssignedNode(Invariant):
         kind = event["kind"]
         if kind == "request.start":
             # What the echo node answers: the prompt, or a conversation's transcript.
-            self.prompts[event["rid"]] = event.get("expect", event["prompt"])
+            self.prompts[event["rid"]] = str(event.get("expect", event["prompt"]))
         elif kind == "node.assign":
             self.assigned.setdefault(event["task"], []).append(event["node"])
         elif kind == "request.end" and event["outcome"] == "ok":

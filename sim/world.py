@@ -410,7 +410,7 @@ class World:
             )
 
 
-def _find_violation(group: BaseExceptionGroup) -> Violation | None:  # type: ignore[type-arg]
+def _find_violation(group: BaseExceptionGroup[BaseException]) -> Violation | None:
     for exc in group.exceptions:
         if isinstance(exc, Violation):
             return exc

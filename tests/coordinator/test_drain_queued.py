@@ -58,8 +58,15 @@ async def full_peer_node(
     facts = NodeFacts(node_id="n1", conn_id="c-n1", instance_id="B", max_parallel=max_parallel)
     await coordination.leases.put_node_facts(facts)
     held = LeaseAsk(
-        request_id="t-other", instance_id="B", key_id="k2", model="m", model_gb=0.0, kv_gb=0.0,
-        candidates=(("n1", "c-n1"),), lease_id="l-other", queue_entry_ttl_s=600.0,
+        request_id="t-other",
+        instance_id="B",
+        key_id="k2",
+        model="m",
+        model_gb=0.0,
+        kv_gb=0.0,
+        candidates=(("n1", "c-n1"),),
+        lease_id="l-other",
+        queue_entry_ttl_s=600.0,
     )
     granted = await coordination.leases.admit(held, rules)  # type: ignore[arg-type]
     assert granted.outcome == "granted"
@@ -70,8 +77,11 @@ async def test_a_queued_request_is_refused_when_the_drain_window_ends(autojump_c
         async with trio.open_nursery() as nursery:
             coordination = MemoryCoordination(trio.current_time)
             settings = Settings(
-                instance_id="A", multi_instance=True, redis_url="memory://",
-                drain_s=WINDOW_S, queue_timeout_s=QUEUE_TIMEOUT_S,
+                instance_id="A",
+                multi_instance=True,
+                redis_url="memory://",
+                drain_s=WINDOW_S,
+                queue_timeout_s=QUEUE_TIMEOUT_S,
             )
             bus = PeerListens(coordination.pubsub)
             instance = Instance(settings, SimStore(), coordination, bus, rng=random.Random(1))  # type: ignore[arg-type]

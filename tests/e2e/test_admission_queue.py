@@ -149,8 +149,7 @@ async def test_a_flooding_key_does_not_hold_up_another_key_on_redis(
     bearer = {"Authorization": f"Bearer {quiet_key}"}
     async with httpx.AsyncClient(timeout=10) as client:
         pages = [
-            (await client.get(f"{c.url}/api/v1/cluster", headers=bearer)).json()
-            for c in (a, b)
+            (await client.get(f"{c.url}/api/v1/cluster", headers=bearer)).json() for c in (a, b)
         ]
     quiet = [w for p in pages for w in p["queue_waits"] if w["priority"] == "2-4"]
     assert sum(w["waited"] for w in quiet) == 2 and all(w["mean_wait_s"] > 0 for w in quiet)

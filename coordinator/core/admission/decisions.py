@@ -35,6 +35,8 @@ def lease_id_of(ticket: Ticket) -> str:
     """The lease id every ask of ``ticket`` names (the same for each, so asking again finds
     what an unanswered ask was granted, and the request can give it back unheard)."""
     return f"{ticket[0]}.{ticket[1]}"
+
+
 WaitWhy = Literal["poll", "queue_deadline", "gone_retry", "store_retry"]
 
 
