@@ -128,9 +128,14 @@ def judge_nodes(
             problem = _facts_reason(live, facts, ttl)
             warnings += _warnings(settings, live, facts, needs)
         elif observed is not None:
-            warnings.append(
-                Finding("node_not_connected", f"node {node_id}: not connected", node_id)
-            )
+            message = f"node {node_id}: not connected"
+            if node_id in capacity.hosts:
+                # The older way to give a host's telemetry agent: a [nodes] entry of its id.
+                message += (
+                    f"; {node_id} is a direct host ([hosts]): drop its [nodes] entry and give"
+                    " the host its telemetry_url"
+                )
+            warnings.append(Finding("node_not_connected", message, node_id))
         if problem is not None:
             reasons.append(problem)
         from_file = override is not None and override.max_parallel is not None

@@ -161,3 +161,6 @@ def test_a_hosts_own_telemetry_url_leaves_the_audit_nothing_to_warn_about() -> N
     both = host_toml() + f'[nodes."box-o"]\ntelemetry_url = {agent}\n'
     old = judge(Settings(capacity=parse_capacity(both)), observed)
     assert [w.code for w in old.warnings if w.subject == "box-o"] == ["node_not_connected"]
+    # ... and the warning says what to do about it.
+    (leftover,) = [w.message for w in old.warnings if w.subject == "box-o"]
+    assert "is a direct host ([hosts]): drop its [nodes] entry" in leftover
