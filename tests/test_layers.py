@@ -22,11 +22,10 @@ package graph, since it is the one module allowed to point up.
 from __future__ import annotations
 
 import ast
-import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.fixtures.fresh_imports import modules_after
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("coordinator", "protocol", "sim", "tools")
@@ -200,29 +199,20 @@ def test_no_product_module_imports_the_test_fakes() -> None:
 
 
 _PROBE = """
-import contextlib, io, json, sys
+import contextlib, io
 from coordinator import cli
 with contextlib.redirect_stdout(io.StringIO()):
     try:
         cli.main(["serve", "--help"])
     except SystemExit:
         pass
-print(json.dumps(sorted(sys.modules)))
 """
 
 
 def test_gemmanet_serve_loads_neither_the_simulator_nor_the_tools() -> None:
     # What parsing `gemmanet serve` imports, in a fresh interpreter: nothing of the simulator
     # or the tools (and no pytest, which trio.testing would bring), none of which it runs.
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    loaded = {name.partition(".")[0] for name in json.loads(done.stdout)}
+    loaded = {name.partition(".")[0] for name in modules_after(_PROBE)}
     assert "coordinator" in loaded
     assert not loaded & {"sim", "tools", "pytest"}, sorted(loaded & {"sim", "tools", "pytest"})
 

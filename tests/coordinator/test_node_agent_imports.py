@@ -4,12 +4,8 @@ the agent itself uses. Checked in a fresh interpreter, where nothing else has be
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from tests.fixtures.fresh_imports import modules_after
 
-ROOT = Path(__file__).resolve().parents[2]
 SERVER_STACK = {"quart", "hypercorn", "sqlalchemy", "coredis", "quart_trio"}
 
 _IMPORT_THE_AGENT = """
@@ -27,25 +23,12 @@ assert telemetry_from_args(argparse.Namespace(telemetry_interval="2")) is not No
 """
 
 
-def _modules_after(code: str) -> set[str]:
-    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return set(json.loads(done.stdout))
-
-
 def _top_level(modules: set[str]) -> set[str]:
     return {name.partition(".")[0] for name in modules}
 
 
 def test_the_node_agent_imports_without_the_server_stack_or_the_coordinator() -> None:
-    modules = _modules_after(_IMPORT_THE_AGENT)
+    modules = modules_after(_IMPORT_THE_AGENT)
     assert "tools.node_agent.cli" in modules  # the probe did import what it says
     assert not _top_level(modules) & SERVER_STACK, sorted(_top_level(modules) & SERVER_STACK)
     assert not [m for m in modules if m.partition(".")[0] == "coordinator"], sorted(
@@ -57,7 +40,7 @@ def test_sampling_host_telemetry_stays_inside_the_agent() -> None:
     # The sampler lives with the agent (tools/node_agent/telemetry/), shared with `gemmanet
     # telemetry-agent`: an agent that samples loads it, and still nothing of the coordinator
     # or of the server stack.
-    modules = _modules_after(_IMPORT_THE_AGENT + _SAMPLE_TELEMETRY)
+    modules = modules_after(_IMPORT_THE_AGENT + _SAMPLE_TELEMETRY)
     assert "tools.node_agent.telemetry.sampler" in modules
     assert not _top_level(modules) & SERVER_STACK, sorted(_top_level(modules) & SERVER_STACK)
     assert not [m for m in modules if m.partition(".")[0] == "coordinator"], sorted(

@@ -6,35 +6,17 @@ seed. Checked in a fresh interpreter, where nothing else has been imported."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import trio._core._mock_clock
 import trio.testing
 
 from sim.trio_hook import mock_clock
-from tests.fixtures.processes import ROOT
+from tests.fixtures.fresh_imports import modules_after
 
 NOT_AT_IMPORT = {"pytest", "_pytest", "sqlalchemy", "httpx"}
 
-_PROBE = """
-import json, sys
-import sim.world, sim.cli, sim.fairness
-print(json.dumps(sorted(sys.modules)))
-"""
-
 
 def test_importing_the_simulator_loads_neither_pytest_sqlalchemy_nor_httpx() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    modules = set(json.loads(done.stdout))
+    modules = modules_after("import sim.world, sim.cli, sim.fairness")
     assert {"sim.world", "coordinator.runtime.instance"} <= modules  # the probe imported them
     loaded = {name.partition(".")[0] for name in modules} & NOT_AT_IMPORT
     assert not loaded, sorted(loaded)
