@@ -171,9 +171,20 @@ async def test_past_the_queue_timeout_a_request_gets_503_with_retry_after(
             trio.current_time() - started,
         )
 
+    async def handed_runs() -> None:
+        """Until the node was handed "runs" (or "runs" was answered: the assertions below say
+        how), which then holds the only slot for 2.5 s. A fixed pause after sending it was
+        not enough on a loaded machine: A could reach the store after B, B's request took
+        the slot and "runs" got the queue timeout's 503."""
+        with trio.fail_after(20):
+            while "runs" not in responses:
+                if stats.exists() and node_stats(stats)["prompts"] == ["runs"]:
+                    return
+                await trio.sleep(0.02)
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(one, a, "runs")
-        await trio.sleep(0.3)
+        await handed_runs()
         nursery.start_soon(one, b, "waits-on-b")
         nursery.start_soon(one, a, "waits-on-a")
     assert responses["runs"][0].status_code == 200, responses["runs"][0].text
