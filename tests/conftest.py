@@ -1,5 +1,12 @@
 """Shared pytest configuration. Fixtures live in tests/fixtures/, one module per concern."""
 
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from protocol.log_lines import is_root_handler
+
 pytest_plugins = [
     "tests.fixtures.redis_server",
     "tests.fixtures.redis_cluster",
@@ -30,6 +37,21 @@ LONGEST_FIRST = (
     "tests/e2e/test_cli.py::test_every_subcommand_help_runs",
     "tests/sim/test_simulator.py::test_broken_variants_are_caught",
 )
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Tests that run a command's ``main()`` in process install its log handler on the stderr
+    pytest captured for them; left in place, every later record in that worker is a "Logging
+    error" traceback (the stream is closed). The root logger is put back after each test."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    # Only ours: pytest adds and removes its own capture handlers around every phase.
+    for handler in list(root.handlers):
+        if handler not in before and is_root_handler(handler):
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def pytest_collection_modifyitems(items: list) -> None:  # type: ignore[type-arg]
