@@ -105,3 +105,26 @@ def test_the_single_instance_cpu_aim_is_its_own_entry_and_not_a_criterion() -> N
     assert aim["measured"]["machine_speed_healthz_cpu_ms"] == 0.9
     assert verdicts.aims([_phase(1, {"I0": 42.0}, 0.9)])[0]["met"] is True
     assert verdicts.aims(phases[1:])[0]["met"] is None  # no single-instance phase ran
+
+
+def _judged(ids: tuple[str, ...]) -> list[dict[str, object]]:
+    return [{"id": cid, "pass": False} for cid in ids]
+
+
+ALL_IDS = ("zero_lost_tasks", *verdicts.MULTI_INSTANCE, "cpu_per_instance")
+
+
+def test_a_criterion_the_chosen_phases_cannot_exercise_is_not_judged_rather_than_failed() -> None:
+    # `--instances 1`: no hop and no kill to judge; the others keep their verdict.
+    single = verdicts.not_chosen(prof.Profile("t", phases=(1,)), _judged(ALL_IDS))
+    by_id = {c["id"]: c for c in single}
+    for cid in verdicts.MULTI_INSTANCE:
+        assert by_id[cid]["pass"] is None and "--instances" in str(by_id[cid]["not_judged"])
+    assert by_id["zero_lost_tasks"]["pass"] is False and by_id["cpu_per_instance"]["pass"] is False
+    # `--fault-s 0`: the hop is judged, the kill is not.
+    no_kill = verdicts.not_chosen(prof.Profile("t", fault_s=0.0), _judged(ALL_IDS))
+    judged = {c["id"] for c in no_kill if c["pass"] is not None}
+    assert judged == set(ALL_IDS) - set(verdicts.KILL)
+    # The default profile judges every criterion.
+    full = verdicts.not_chosen(prof.Profile("t"), _judged(ALL_IDS))
+    assert all(c["pass"] is False for c in full)

@@ -325,8 +325,10 @@ def print_summary(report: dict[str, Any]) -> None:
             )
     print()
     for c in report["criteria"]:
-        verdict = "PASS" if c["pass"] else "FAIL"
+        verdict = {True: "PASS", False: "FAIL", None: "n/a "}[c["pass"]]
         measured = json.dumps(c["measured"], separators=(",", ":"))
+        if c["pass"] is None:
+            measured = "not judged: " + c["not_judged"]
         if len(measured) > 160:
             measured = measured[:157] + "..."
         print(f"  {verdict}  {c['id']:<24} {c['threshold']:<22} {measured}  [{c['source']}]")
@@ -394,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         "phases": phases,
     }
     report["criteria"] = verdicts.criteria(profile, phases)
-    report["passed"] = all(c["pass"] for c in report["criteria"])
+    report["passed"] = all(c["pass"] is not False for c in report["criteria"])
     report["aims"] = verdicts.aims(phases)
     try:
         report["plots"] = [p.name for p in plots.write_plots(report, out)]

@@ -221,6 +221,27 @@ def criteria(profile: Profile, phases: list[dict[str, Any]]) -> list[dict[str, A
             ours,
         )
     )
+    return not_chosen(profile, out)
+
+
+MULTI_INSTANCE = ("hop_p95", "hop_p99", "kill_fails_fast", "kill_others_unaffected")
+KILL = ("kill_fails_fast", "kill_others_unaffected")
+
+
+def not_chosen(profile: Profile, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A criterion the chosen profile cannot exercise is not judged (``pass`` None), rather
+    than failed: ``--instances 1`` runs no hop and no kill, ``--fault-s 0`` no kill."""
+    why: dict[str, str] = {}
+    if max(profile.phases) < 2:
+        why.update(
+            dict.fromkeys(MULTI_INSTANCE, "no phase with more than one instance (--instances)")
+        )
+    elif profile.fault_s == 0:
+        why.update(dict.fromkeys(KILL, "no kill (--fault-s 0)"))
+    for c in out:
+        if c["id"] in why:
+            c["pass"] = None
+            c["not_judged"] = why[c["id"]]
     return out
 
 
