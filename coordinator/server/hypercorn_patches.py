@@ -44,7 +44,7 @@ checks the refusal of an unsupported Hypercorn.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
@@ -96,6 +96,7 @@ def check_hypercorn_version() -> None:
     )
 
 
+@functools.cache
 def _reason(status: int) -> bytes:
     try:
         return HTTPStatus(status).phrase.encode("ascii")
@@ -111,7 +112,14 @@ def _send_reason_phrases() -> None:
 
     async def send_with_reason(self: object, event: object) -> None:
         if isinstance(event, h11.Response) and not event.reason:
-            event = dataclasses.replace(event, reason=_reason(event.status_code))
+            # The constructor, not dataclasses.replace (which looks up the fields on every
+            # call): the headers are h11's already, so they are not validated again.
+            event = h11.Response(
+                headers=event.headers,
+                status_code=event.status_code,
+                http_version=event.http_version,
+                reason=_reason(event.status_code),
+            )
         await send(self, event)
 
     setattr(send_with_reason, _PATCHED, True)

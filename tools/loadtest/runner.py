@@ -271,8 +271,12 @@ def print_summary(report: dict[str, Any]) -> None:
     print(
         f"  {p['nodes']} nodes (echo {p['latency_ms']} ms, max_parallel {p['max_parallel']}), "
         f"ramp to {p['concurrency']} concurrent, then {p['rate']:g} req/s for "
-        f"{p['duration_s']:g} s, {p['streams']} streams of ~{p['stream_s']:g} s alongside; "
-        f"kill -9 of one instance, then {p['fault_s']:g} s more"
+        f"{p['duration_s']:g} s, {p['streams']} streams of ~{p['stream_s']:g} s alongside"
+        + (
+            f"; kill -9 of one instance, then {p['fault_s']:g} s more"
+            if max(p["phases"]) > 1 and p["fault_s"] > 0
+            else "; no kill"
+        )
     )
     print()
     print(
