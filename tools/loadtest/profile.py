@@ -77,12 +77,21 @@ class Profile:
     def helper_processes(self) -> int:
         return self.node_procs or max(1, math.ceil(self.nodes / 100))
 
+    def kills(self, instances: int) -> bool:
+        """Whether a phase of this many instances ends with the kill -9 of one of them."""
+        return instances > 1 and self.fault_s > 0
+
+    @property
+    def any_kill(self) -> bool:
+        return self.kills(max(self.phases))
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["phases"] = list(self.phases)
         data["chunk_delay_ms"] = self.chunk_delay_ms
         data["client_timeout_s"] = self.client_timeout_s
         data["helper_processes"] = self.helper_processes
+        data["any_kill"] = self.any_kill
         return data
 
 

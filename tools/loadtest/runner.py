@@ -219,7 +219,7 @@ def _phase(
         stream_keys,
         reader,
         [coords[name].proc.popen.pid for name in names],
-        kill=instances > 1 and profile.fault_s > 0,
+        kill=profile.kills(instances),
     )
 
     def on_kill(victim: int, _t: float) -> None:
@@ -274,7 +274,7 @@ def print_summary(report: dict[str, Any]) -> None:
         f"{p['duration_s']:g} s, {p['streams']} streams of ~{p['stream_s']:g} s alongside"
         + (
             f"; kill -9 of one instance, then {p['fault_s']:g} s more"
-            if max(p["phases"]) > 1 and p["fault_s"] > 0
+            if p["any_kill"]
             else "; no kill"
         )
     )

@@ -224,8 +224,8 @@ def criteria(profile: Profile, phases: list[dict[str, Any]]) -> list[dict[str, A
     return not_chosen(profile, out)
 
 
-MULTI_INSTANCE = ("hop_p95", "hop_p99", "kill_fails_fast", "kill_others_unaffected")
 KILL = ("kill_fails_fast", "kill_others_unaffected")
+MULTI_INSTANCE = ("hop_p95", "hop_p99", *KILL)
 
 
 def not_chosen(profile: Profile, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -236,7 +236,7 @@ def not_chosen(profile: Profile, out: list[dict[str, Any]]) -> list[dict[str, An
         why.update(
             dict.fromkeys(MULTI_INSTANCE, "no phase with more than one instance (--instances)")
         )
-    elif profile.fault_s == 0:
+    elif not profile.any_kill:
         why.update(dict.fromkeys(KILL, "no kill (--fault-s 0)"))
     for c in out:
         if c["id"] in why:
