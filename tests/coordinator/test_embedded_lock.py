@@ -37,8 +37,11 @@ def test_a_lost_session_is_replaced_and_the_lock_taken_again(postgresql_database
             lock_embedded_store(other.engine)
         assert lock.check() is None  # held, nothing to say
         [pid] = _lock_pids(other.engine)
+        # With a timeout, pg_terminate_backend waits until the backend has exited (and so
+        # released its advisory lock); without one it only signals it, and a lock asked for
+        # at once could still find the old session holding it.
         with other.engine.connect() as conn:
-            conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            conn.execute(sa.text("SELECT pg_terminate_backend(:p, 5000)"), {"p": pid})
             conn.commit()
         message = lock.check()
         assert message is not None and "taken again on a new one" in message, message
@@ -48,7 +51,7 @@ def test_a_lost_session_is_replaced_and_the_lock_taken_again(postgresql_database
             lock_embedded_store(other.engine)
         # Lost again, and another session is quicker: the check says so.
         with other.engine.connect() as conn:
-            conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": new_pid})
+            conn.execute(sa.text("SELECT pg_terminate_backend(:p, 5000)"), {"p": new_pid})
             conn.commit()
         intruder = lock_embedded_store(other.engine)
         assert intruder is not None
